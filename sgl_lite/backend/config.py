@@ -1,0 +1,80 @@
+"""EngineConfig: one frozen, validated set of engine settings (the server's flags in snake_case)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+SCHEDULE_POLICIES = ("lpm", "fcfs")
+GRAMMAR_BACKENDS = ("outlines", "llguidance")
+
+
+def default_device() -> str:
+    """CUDA when a GPU is present, else CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Engine settings, as SGLang's ServerArgs names them; checked once in __post_init__."""
+
+    model_path: str | None = None
+    served_model_name: str | None = None
+    device: str = ""
+    dtype: str = "float32"
+    num_threads: int | None = None
+    max_total_tokens: int = 32768
+    max_running_requests: int = 64
+    chunked_prefill_size: int = 2048
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+    context_length: int | None = None
+    grammar_backend: str = "outlines"
+    constrained_json_whitespace_pattern: str | None = None
+    disable_jump_forward: bool = False
+    grammar_compile_timeout: float = 10.0
+    random_seed: int = 0
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        if not self.device:
+            object.__setattr__(self, "device", default_device())
+        if self.num_threads is None and os.environ.get("SGL_LITE_NUM_THREADS"):
+            object.__setattr__(self, "num_threads", int(os.environ["SGL_LITE_NUM_THREADS"]))
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
+                f"got {self.schedule_policy!r}"
+            )
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(
+                f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, "
+                f"got {self.grammar_backend!r}"
+            )
+        for name, low in (("max_total_tokens", 16), ("max_running_requests", 1),
+                          ("chunked_prefill_size", 1)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.grammar_compile_timeout <= 0:
+            raise ValueError("grammar_compile_timeout must be > 0 seconds")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype of weights and KV."""
+        return DTYPES[self.dtype]
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> EngineConfig:
+        """Builds a config from keyword arguments, naming any unknown one."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown engine argument(s) {unknown}; known: {sorted(known)}")
+        return cls(**kwargs)

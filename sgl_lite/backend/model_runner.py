@@ -1,0 +1,114 @@
+"""ModelRunner: owns the model weights and the KV pool, and runs one forward over a batch.
+
+A batch is a list of segments, one per request: the new tokens to compute, where they start, and
+the slots of the request's whole sequence (cached prefix + new tokens). The runner turns those
+into the attention metadata the model needs and returns the logits rows asked for. It knows
+nothing about requests, sampling or the radix tree.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.kv_pool import KVPool
+from sgl_lite.backend.model_loader import load_config, load_state_dict
+from sgl_lite.backend.models.llama import (
+    AttentionMetadata,
+    LlamaForCausalLM,
+    RotaryEmbedding,
+    head_dim_of,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    """One request's share of a forward pass."""
+
+    token_ids: list[int]  # new tokens whose K/V this pass computes
+    start: int  # absolute position of token_ids[0] (= tokens already in the pool)
+    kv_slots: torch.Tensor  # (start + len(token_ids),) slots of the whole sequence, new ones last
+    logits_from: int  # logits for token_ids[logits_from:] are returned; len(token_ids) for none
+
+    @property
+    def end(self) -> int:
+        """Position after the last new token."""
+        return self.start + len(self.token_ids)
+
+
+class ModelRunner:
+    """Weights, KV pool and the batched forward pass."""
+
+    def __init__(self, model_folder: Path, config: EngineConfig) -> None:
+        self.device = torch.device(config.device)
+        self.hf_config = load_config(model_folder)
+        model_max = getattr(self.hf_config, "max_position_embeddings", 2048)
+        self.context_length = min(config.context_length or model_max, model_max)
+        with torch.device("meta"):  # no random init: every weight is loaded below
+            model = LlamaForCausalLM(self.hf_config, self.context_length)
+        model.rope = RotaryEmbedding(self.hf_config, head_dim_of(self.hf_config),
+                                     self.context_length)
+        model.load_hf_state_dict(load_state_dict(model_folder))
+        self.model = model.to(device=self.device, dtype=config.torch_dtype).eval()
+        self.model.rope.to(torch.float32)  # position tables stay exact whatever the weight dtype
+        self.vocab_size = self.hf_config.vocab_size
+        self.pool = KVPool(
+            num_layers=self.hf_config.num_hidden_layers,
+            num_slots=config.max_total_tokens,
+            num_kv_heads=self.hf_config.num_key_value_heads,
+            head_dim=head_dim_of(self.hf_config),
+            dtype=config.torch_dtype,
+            device=self.device,
+        )
+
+    def forward(self, segments: list[Segment]) -> list[torch.Tensor | None]:
+        """Runs one pass over all segments; returns each segment's requested logits (n, vocab)."""
+        input_ids = torch.tensor(
+            [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device)
+        meta = self._metadata(segments)
+        hidden = self.model(input_ids, meta, self.pool)  # (T, hidden)
+        rows, offset = [], 0
+        for seg in segments:
+            rows.extend(range(offset + seg.logits_from, offset + len(seg.token_ids)))
+            offset += len(seg.token_ids)
+        if not rows:
+            return [None] * len(segments)
+        logits = self.model.compute_logits(hidden[rows])  # (rows, vocab)
+        out: list[torch.Tensor | None] = []
+        cursor = 0
+        for seg in segments:
+            n = len(seg.token_ids) - seg.logits_from
+            out.append(logits[cursor:cursor + n] if n > 0 else None)
+            cursor += n
+        return out
+
+    def _metadata(self, segments: list[Segment]) -> AttentionMetadata:
+        q_lens = [len(s.token_ids) for s in segments]
+        batch, max_q, max_k = len(segments), max(q_lens), max(s.end for s in segments)
+        starts = torch.tensor([s.start for s in segments])
+        q_offsets = torch.tensor([0] + q_lens[:-1]).cumsum(0)
+        i = torch.arange(max_q)
+        q_valid = i[None, :] < torch.tensor(q_lens)[:, None]  # (B, Q)
+        q_index = torch.where(q_valid, q_offsets[:, None] + i[None, :], 0)  # (B, Q)
+        q_pos = starts[:, None] + i[None, :]  # (B, Q)
+        positions = q_pos[q_valid]  # (T,)
+        kv_slots = torch.zeros(batch, max_k, dtype=torch.long)
+        for b, seg in enumerate(segments):
+            kv_slots[b, : seg.end] = seg.kv_slots
+        out_slots = torch.cat([s.kv_slots[s.start:] for s in segments])
+        # A query sees keys at positions <= its own; keys past a row's length are padding.
+        mask = torch.arange(max_k)[None, None, :] <= q_pos[:, :, None]  # (B, Q, K)
+        # Padding query rows attend to key 0 only, so softmax never sees an all-masked row.
+        mask &= q_valid[:, :, None]
+        mask[:, :, 0] |= ~q_valid
+        dev = self.device
+        return AttentionMetadata(
+            positions=positions.to(dev), out_slots=out_slots.to(dev), q_index=q_index.to(dev),
+            q_valid=q_valid.to(dev), kv_slots=kv_slots.to(dev), mask=mask[:, None].to(dev),
+        )

@@ -1,0 +1,209 @@
+"""Llama-family forward pass (Llama, Mistral, Qwen2) in plain torch over the token-slot KV pool.
+
+One call serves a mixed batch: prefill chunks of several requests, each attending to its cached
+prefix plus itself causally, and single decode tokens. Tokens of all requests are flattened to
+one (T, hidden) matrix for every projection; only attention regroups them per request, gathering
+each request's K/V from the pool by slot id. The model never sees requests, only tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from sgl_lite.backend.kv_pool import KVPool
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionMetadata:
+    """Where every token of a batch sits, built once per forward and shared by all layers.
+
+    T = new tokens in the batch, B = requests, Q = most new tokens of one request,
+    K = longest total sequence (cached prefix + new tokens) of one request.
+    """
+
+    positions: torch.Tensor  # (T,) absolute position of each new token
+    out_slots: torch.Tensor  # (T,) pool slot that receives each new token's K/V
+    q_index: torch.Tensor  # (B, Q) row in the flat token matrix; padding points at row 0
+    q_valid: torch.Tensor  # (B, Q) False on padding
+    kv_slots: torch.Tensor  # (B, K) pool slots of each request's whole sequence; padding → 0
+    mask: torch.Tensor  # (B, 1, Q, K) True where the query may attend to the key
+
+
+def rope_parameters(config: PretrainedConfig) -> dict:
+    """The config's RoPE settings, whichever name this transformers version gives them."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    params = dict(params or {})
+    params.setdefault("rope_type", params.get("type", "default"))
+    params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return params
+
+
+class RotaryEmbedding(nn.Module):
+    """Precomputed cos/sin tables for every position up to the context length."""
+
+    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
+        super().__init__()
+        rope_type = rope_parameters(config)["rope_type"]
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"unsupported rope_scaling type {rope_type!r}; supported: "
+                f"{', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
+        if rope_type == "default":
+            theta = rope_parameters(config)["rope_theta"]
+            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+            scaling = 1.0
+        else:  # the scaled variants exactly as transformers defines them
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq.float())  # (P, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (P, D)
+        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
+        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+        """Rotates q (T, H, D) and k (T, Hkv, D) by their positions (T,)."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # (T, 1, D)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention reading and writing K/V in the pool by slot id."""
+
+    def __init__(self, config: PretrainedConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim_of(config)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.split_sizes = (q_size, kv_size, kv_size)
+        bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
+        # q, k and v share one matmul: three small GEMMs cost more than one on CPU.
+        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, pool: KVPool,
+                rope: RotaryEmbedding) -> torch.Tensor:
+        """x: (T, hidden) → (T, hidden)."""
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)  # (T, H, D)
+        k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        q, k = rope(q, k, meta.positions)
+        pool.write(self.layer_id, meta.out_slots, k, v)
+
+        q_batched = q[meta.q_index].transpose(1, 2)  # (B, H, Q, D)
+        k_batched = pool.k[self.layer_id][meta.kv_slots].transpose(1, 2)  # (B, Hkv, K, D)
+        v_batched = pool.v[self.layer_id][meta.kv_slots].transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            q_batched, k_batched, v_batched, attn_mask=meta.mask,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )  # (B, H, Q, D)
+        out = out.transpose(1, 2)[meta.q_valid]  # (T, H, D), back in flat token order
+        return self.o_proj(out.reshape(T, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up in one matmul."""
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=False)
+        self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, config: PretrainedConfig, layer_id: int) -> None:
+        super().__init__()
+        self.eps = config.rms_norm_eps
+        self.input_layernorm = nn.Parameter(torch.ones(config.hidden_size))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(config.hidden_size))
+        self.self_attn = Attention(config, layer_id)
+        self.mlp = MLP(config)
+
+    def forward(self, x, meta, pool, rope):
+        h = F.rms_norm(x, x.shape[-1:], self.input_layernorm, self.eps)
+        x = x + self.self_attn(h, meta, pool, rope)
+        h = F.rms_norm(x, x.shape[-1:], self.post_attention_layernorm, self.eps)
+        return x + self.mlp(h)
+
+
+def head_dim_of(config: PretrainedConfig) -> int:
+    """Per-head width: explicit in newer configs, hidden/heads otherwise."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaForCausalLM(nn.Module):
+    """The whole model: embeddings, decoder layers, final norm, LM head (tied or not)."""
+
+    def __init__(self, config: PretrainedConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = nn.Parameter(torch.ones(config.hidden_size))
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, pool: KVPool) -> torch.Tensor:
+        """input_ids: (T,) → final hidden states (T, hidden); K/V of every token land in the pool."""
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, meta, pool, self.rope)
+        return F.rms_norm(x, x.shape[-1:], self.norm, self.config.rms_norm_eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (N, hidden) → float32 logits (N, vocab)."""
+        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Loads weights named as in transformers, fusing q/k/v and gate/up as it goes."""
+        own = {}
+        for i in range(self.config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            own[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat(
+                [state[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+            if p + "self_attn.q_proj.bias" in state:
+                own[f"layers.{i}.self_attn.qkv_proj.bias"] = torch.cat(
+                    [state[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+            own[f"layers.{i}.self_attn.o_proj.weight"] = state[p + "self_attn.o_proj.weight"]
+            own[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
+                [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]])
+            own[f"layers.{i}.mlp.down_proj.weight"] = state[p + "mlp.down_proj.weight"]
+            own[f"layers.{i}.input_layernorm"] = state[p + "input_layernorm.weight"]
+            own[f"layers.{i}.post_attention_layernorm"] = state[p + "post_attention_layernorm.weight"]
+        own["embed_tokens.weight"] = state["model.embed_tokens.weight"]
+        own["norm"] = state["model.norm.weight"]
+        if not self.tied:
+            own["lm_head.weight"] = state.get("lm_head.weight", state["model.embed_tokens.weight"])
+        missing, unexpected = self.load_state_dict(own, strict=False, assign=True)
+        missing = [m for m in missing if not m.startswith("rope.")]
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")

@@ -1,0 +1,202 @@
+"""Scheduler: continuous batching over waiting and running requests.
+
+Each step is a prefill batch (new requests' uncached suffixes and unfinished chunks, under a token
+budget) or, when there is nothing to prefill, a decode batch (one token for every running request).
+When slots run short it evicts cached prefixes, then preempts the newest running request. The
+scheduler knows nothing about tensors beyond slot ids, and nothing about text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sgl_lite.backend.cache_manager import CacheManager
+from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.model_runner import Segment
+from sgl_lite.backend.request import Req, ReqStatus
+
+LPM_QUEUE_LIMIT = 128  # past this many waiting requests, matching them all costs more than it saves
+IN_BATCH_SHARED_MIN = 32  # defer a request that would recompute this many tokens another computes
+
+
+@dataclass(frozen=True)
+class ScheduleBatch:
+    """What one forward pass computes: a segment per request, in the same order."""
+
+    reqs: list[Req]
+    segments: list[Segment]
+
+    def completes(self, i: int) -> bool:
+        """Whether request i's sequence is fully computed after this pass (it samples next)."""
+        return self.segments[i].end == self.reqs[i].seq_len
+
+
+class Scheduler:
+    """Queues, admission, chunking, eviction and preemption."""
+
+    def __init__(self, config: EngineConfig, cache: CacheManager) -> None:
+        self.config = config
+        self.cache = cache
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.max_running_seen = 0
+        self.preemptions = 0
+        self._arrivals = 0
+
+    # --- queue --------------------------------------------------------------------------
+    def add(self, req: Req) -> None:
+        """Queues a new request."""
+        self._arrivals += 1
+        req.arrival = self._arrivals
+        self.waiting.append(req)
+
+    def remove(self, req: Req) -> None:
+        """Takes a request out of the queues and gives its slots back, uncached (abort)."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+            self.cache.release(req)
+
+    def finish(self, req: Req) -> None:
+        """A request is done: its tokens go into the radix tree and it leaves the batch."""
+        if req in self.running:
+            self.running.remove(req)
+            self.cache.cache_finished(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = ReqStatus.FINISHED
+
+    @property
+    def has_work(self) -> bool:
+        """Whether any request is waiting or running."""
+        return bool(self.waiting or self.running)
+
+    # --- one step -----------------------------------------------------------------------
+    def schedule(self) -> ScheduleBatch | None:
+        """Picks the next batch: prefill when anything needs it, otherwise decode."""
+        batch = self._prefill_batch()
+        if batch is None:
+            batch = self._decode_batch()
+        if batch is not None:
+            self.max_running_seen = max(self.max_running_seen, len(self.running))
+        return batch
+
+    def _prefill_batch(self) -> ScheduleBatch | None:
+        budget = self.config.chunked_prefill_size
+        reqs: list[Req] = []
+        segments: list[Segment] = []
+        # Unfinished chunks and jump-forward extensions of running requests go first.
+        for req in self.running:
+            if req.remaining > 1 and budget > 0:
+                segment = self._extend(req, budget)
+                if segment is None:
+                    break
+                reqs.append(req)
+                segments.append(segment)
+                budget -= len(segment.token_ids)
+        for req in self._ordered_waiting():
+            if budget <= 0 or len(self.running) >= self.config.max_running_requests:
+                break
+            if req.grammar_future is not None and req.guide is None:
+                continue  # still compiling; the others go on
+            self.cache.match(req, self._match_limit(req))
+            if reqs and self._shares_uncached_prefix(req, reqs):
+                self.cache.release(req)  # the prefix lands in the tree after this step
+                continue
+            # Admit only what fits whole, with a slot left per running request for its decode,
+            # so a half-admitted prompt never sits on slots it cannot complete.
+            if self.cache.available() - len(self.running) < req.remaining + 1:
+                self.cache.release(req)
+                break
+            segment = self._extend(req, budget)
+            if segment is None:
+                self.cache.release(req)
+                break
+            req.cached_tokens = req.prefix_len
+            self.cache.hit_tokens += req.prefix_len
+            self.cache.submitted_tokens += len(req.input_ids)
+            self.waiting.remove(req)
+            self.running.append(req)
+            req.status = ReqStatus.RUNNING
+            reqs.append(req)
+            segments.append(segment)
+            budget -= len(segment.token_ids)
+        return ScheduleBatch(reqs, segments) if reqs else None
+
+    def _decode_batch(self) -> ScheduleBatch | None:
+        if not self.running:
+            return None
+        while self.cache.available() < len(self.running) and len(self.running) > 1:
+            self._preempt(self.running[-1])
+        reqs = list(self.running)
+        segments = [self._extend(req, 1) for req in reqs]
+        assert all(s is not None for s in segments), "decode slots were reserved above"
+        return ScheduleBatch(reqs, segments)
+
+    # --- helpers ------------------------------------------------------------------------
+    def _ordered_waiting(self) -> list[Req]:
+        if self.config.schedule_policy == "fcfs" or len(self.waiting) > LPM_QUEUE_LIMIT \
+                or self.config.disable_radix_cache:
+            return list(self.waiting)
+        tree = self.cache.tree
+        hits = {id(r): tree.split_prompt(r.fill_ids[: self._match_limit(r)]).hit_len
+                for r in self.waiting}
+        return sorted(self.waiting, key=lambda r: (-hits[id(r)], r.arrival))
+
+    @staticmethod
+    def _match_limit(req: Req) -> int:
+        """How much of the sequence may come from the cache: at least one token is computed
+        to get logits, and prompt positions whose logprobs are asked for are recomputed."""
+        limit = req.seq_len if req.sampling_params.max_new_tokens == 0 else req.seq_len - 1
+        if req.needs_input_logprobs:
+            limit = min(limit, max(req.logprob_start_len - 1, 0))
+        return limit
+
+    @staticmethod
+    def _shares_uncached_prefix(req: Req, admitted: list[Req]) -> bool:
+        ids = req.fill_ids
+        for other in admitted:
+            other_ids = other.fill_ids
+            n = req.kv_len
+            limit = min(len(ids), len(other_ids))
+            while n < limit and ids[n] == other_ids[n]:
+                n += 1
+            if n - req.kv_len >= IN_BATCH_SHARED_MIN:
+                return True
+        return False
+
+    def _extend(self, req: Req, budget: int) -> Segment | None:
+        """Allocates slots for the request's next chunk and describes it, or None if no room."""
+        n = min(req.remaining, budget)
+        slots = self.cache.alloc(n)
+        if slots is None:
+            return None
+        start = req.kv_len
+        req.slot_ids = torch.cat([req.slot_ids, slots])
+        token_ids = req.fill_ids[start:start + n]
+        completes = start + n == req.seq_len
+        logits_from = n - 1 if completes else n
+        if req.needs_input_logprobs:
+            logits_from = min(logits_from, max(req.logprob_start_len - 1 - start, 0))
+        return Segment(token_ids=token_ids, start=start, kv_slots=req.slot_ids,
+                       logits_from=logits_from)
+
+    def _preempt(self, req: Req) -> None:
+        """Frees a running request's slots and puts it back at the front of the queue."""
+        self.running.remove(req)
+        self.cache.release(req)
+        req.status = ReqStatus.WAITING
+        self.waiting.insert(0, req)
+        self.preemptions += 1
+
+    def after_step(self, batch: ScheduleBatch) -> None:
+        """Inserts freshly prefilled prefixes of unfinished requests into the tree, so the next
+        step's requests (and the rest of a chunked prompt) reuse them at once."""
+        for req, segment in zip(batch.reqs, batch.segments):
+            if not req.is_finished and len(segment.token_ids) > 1:
+                self.cache.cache_unfinished(req)
+
+

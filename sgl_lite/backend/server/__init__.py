@@ -1,0 +1,1 @@
+"""sgl_lite/backend/server."""
