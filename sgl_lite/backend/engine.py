@@ -248,13 +248,14 @@ class Engine:
 
     def _process(self, batch: ScheduleBatch, logits: list[torch.Tensor | None]) -> list[Req]:
         sampling: list[tuple[Req, torch.Tensor]] = []
+        completes = [batch.completes(i) for i in range(len(batch.reqs))]
         for i, (req, segment) in enumerate(zip(batch.reqs, batch.segments)):
             rows = logits[i]
             if req.needs_input_logprobs:
-                input_rows = rows if rows is None or not batch.completes(i) else rows[:-1]
+                input_rows = rows if rows is None or not completes[i] else rows[:-1]
                 start = segment.start + segment.logits_from
                 self.outputs.record_input_logprobs(req, start, input_rows, req.top_logprobs_num)
-            if batch.completes(i):
+            if completes[i]:
                 if req.sampling_params.max_new_tokens == 0:
                     req.finish_reason = {"type": "length", "length": 0}
                 else:
@@ -268,11 +269,11 @@ class Engine:
                     req, result.token_ids[j], result.logprobs[j] if result.logprobs else None,
                     result.top_logprobs[j] if result.top_logprobs else None)
         finished = []
-        for req in batch.reqs:
+        for req, sampled in zip(batch.reqs, completes):
             if req.finish_reason is not None:
                 self._finish(req, req.finish_reason, cache=True)
                 finished.append(req)
-            elif req.stream and batch.completes(batch.reqs.index(req)):
+            elif req.stream and sampled:
                 self._channels[req.rid].put((req.rid, self.outputs.result(req), False))
         return finished
 
