@@ -22,7 +22,7 @@ import torch
 from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.model_loader import load_tokenizer, resolve_model_path
-from sgl_lite.backend.model_runner import ModelRunner
+from sgl_lite.backend.model_runner import ForwardOutput, ModelRunner
 from sgl_lite.backend.output_processor import OutputProcessor
 from sgl_lite.backend.request import Req
 from sgl_lite.backend.requests_builder import RequestBuilder
@@ -240,17 +240,17 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        logits = self.runner.forward(batch.segments)
+        output = self.runner.forward(batch.segments)
         self.forward_passes += 1
-        finished = self._process(batch, logits)
+        finished = self._process(batch, output)
         self.scheduler.after_step(batch)
         return finished
 
-    def _process(self, batch: ScheduleBatch, logits: list[torch.Tensor | None]) -> list[Req]:
-        sampling: list[tuple[Req, torch.Tensor]] = []
+    def _process(self, batch: ScheduleBatch, output: ForwardOutput) -> list[Req]:
+        sampling: list[tuple[Req, int]] = []  # (request, its sampling row in output.logits)
         completes = [batch.completes(i) for i in range(len(batch.reqs))]
         for i, (req, segment) in enumerate(zip(batch.reqs, batch.segments)):
-            rows = logits[i]
+            rows = output.rows(i)
             if req.needs_input_logprobs:
                 input_rows = rows if rows is None or not completes[i] else rows[:-1]
                 start = segment.start + segment.logits_from
@@ -259,11 +259,12 @@ class Engine:
                 if req.sampling_params.max_new_tokens == 0:
                     req.finish_reason = {"type": "length", "length": 0}
                 else:
-                    sampling.append((req, rows[-1]))
+                    sampling.append((req, output.ranges[i][1] - 1))
         if sampling:
             reqs = [r for r, _ in sampling]
-            result = self.sampler.sample(torch.stack([row for _, row in sampling]).float().cpu(),
-                                         reqs)
+            rows = [row for _, row in sampling]
+            last = output.logits if len(rows) == len(output.logits) else output.logits[rows]
+            result = self.sampler.sample(last.cpu(), reqs)
             for j, req in enumerate(reqs):
                 self.outputs.append_token(
                     req, result.token_ids[j], result.logprobs[j] if result.logprobs else None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -42,6 +43,18 @@ class Segment:
         return self.start + len(self.token_ids)
 
 
+class ForwardOutput(NamedTuple):
+    """Logits rows of a pass: segment i owns rows `ranges[i]` of `logits` (R, vocab)."""
+
+    logits: torch.Tensor | None
+    ranges: list[tuple[int, int]]
+
+    def rows(self, i: int) -> torch.Tensor | None:
+        """Segment i's logits (n, vocab), or None if it asked for none."""
+        start, end = self.ranges[i]
+        return self.logits[start:end] if end > start else None
+
+
 class ModelRunner:
     """Weights, KV pool and the batched forward pass."""
 
@@ -67,26 +80,22 @@ class ModelRunner:
             device=self.device,
         )
 
-    def forward(self, segments: list[Segment]) -> list[torch.Tensor | None]:
-        """Runs one pass over all segments; returns each segment's requested logits (n, vocab)."""
+    def forward(self, segments: list[Segment]) -> ForwardOutput:
+        """Runs one pass over all segments; returns the requested logits rows of all of them."""
         input_ids = torch.tensor(
             [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device)
         meta = self._metadata(segments)
         hidden = self.model(input_ids, meta, self.pool)  # (T, hidden)
-        rows, offset = [], 0
+        rows: list[int] = []
+        ranges: list[tuple[int, int]] = []
+        offset = 0
         for seg in segments:
+            first = len(rows)
             rows.extend(range(offset + seg.logits_from, offset + len(seg.token_ids)))
+            ranges.append((first, len(rows)))
             offset += len(seg.token_ids)
-        if not rows:
-            return [None] * len(segments)
-        logits = self.model.compute_logits(hidden[rows])  # (rows, vocab)
-        out: list[torch.Tensor | None] = []
-        cursor = 0
-        for seg in segments:
-            n = len(seg.token_ids) - seg.logits_from
-            out.append(logits[cursor:cursor + n] if n > 0 else None)
-            cursor += n
-        return out
+        logits = self.model.compute_logits(hidden[rows]) if rows else None  # (R, vocab)
+        return ForwardOutput(logits, ranges)
 
     def _metadata(self, segments: list[Segment]) -> AttentionMetadata:
         q_lens = [len(s.token_ids) for s in segments]
@@ -108,7 +117,11 @@ class ModelRunner:
         mask &= q_valid[:, :, None]
         mask[:, :, 0] |= ~q_valid
         dev = self.device
+        positions = positions.to(dev)
+        cos, sin = self.model.rope.tables(positions, self.model.embed_tokens.weight.dtype)
         return AttentionMetadata(
-            positions=positions.to(dev), out_slots=out_slots.to(dev), q_index=q_index.to(dev),
-            q_valid=q_valid.to(dev), kv_slots=kv_slots.to(dev), mask=mask[:, None].to(dev),
+            positions=positions, cos=cos, sin=sin, out_slots=out_slots.to(dev),
+            q_index=q_index.to(dev), q_valid=q_valid.to(dev),
+            q_flat=q_valid.flatten().nonzero().squeeze(1).to(dev),
+            kv_slots=kv_slots.to(dev), mask=mask[:, None].to(dev),
         )

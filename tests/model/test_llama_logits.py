@@ -51,7 +51,7 @@ def test_prefill_logits_match_transformers(name):
     tiny = TinyRunner(CONFIGS[name])
     ids = torch.randint(0, 211, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     slots = tiny.pool.alloc(len(ids))
-    (ours,) = tiny.runner.forward([Segment(token_ids=ids, start=0, kv_slots=slots, logits_from=0)])
+    ours = tiny.runner.forward([Segment(token_ids=ids, start=0, kv_slots=slots, logits_from=0)]).logits
     assert (ours - tiny.hf_logits(ids)).abs().max().item() <= 1e-4
 
 
@@ -68,8 +68,9 @@ def test_mixed_batch_of_chunks_and_decodes_matches_transformers(name):
     tiny.runner.forward(warmup)
     segments = [Segment(token_ids=s[c:], start=c, kv_slots=sl, logits_from=0)
                 for s, c, sl in zip(seqs, cached, all_slots)]
-    outputs = tiny.runner.forward(segments)
-    for seq, c, ours in zip(seqs, cached, outputs):
+    output = tiny.runner.forward(segments)
+    for i, (seq, c) in enumerate(zip(seqs, cached)):
+        ours = output.rows(i)
         expected = tiny.hf_logits(seq)[c:]
         assert (ours - expected).abs().max().item() <= 1e-4
 
@@ -91,7 +92,7 @@ def test_smollm_top1_tokens_match_transformers_on_64_token_prompt(smollm_folder,
     ids = smollm_tokenizer.encode(text)[:64]
     assert len(ids) == 64
     slots = runner.pool.alloc(64)
-    (ours,) = runner.forward([Segment(token_ids=ids, start=0, kv_slots=slots, logits_from=0)])
+    ours = runner.forward([Segment(token_ids=ids, start=0, kv_slots=slots, logits_from=0)]).logits
     with torch.no_grad():
         theirs = hf_smollm(torch.tensor([ids])).logits[0].float()
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))

@@ -30,9 +30,12 @@ class AttentionMetadata:
     """
 
     positions: torch.Tensor  # (T,) absolute position of each new token
+    cos: torch.Tensor  # (T, 1, D) RoPE tables at those positions, looked up once for all layers
+    sin: torch.Tensor  # (T, 1, D)
     out_slots: torch.Tensor  # (T,) pool slot that receives each new token's K/V
     q_index: torch.Tensor  # (B, Q) row in the flat token matrix; padding points at row 0
     q_valid: torch.Tensor  # (B, Q) False on padding
+    q_flat: torch.Tensor  # (T,) row of each token in the (B * Q) padded layout
     kv_slots: torch.Tensor  # (B, K) pool slots of each request's whole sequence; padding → 0
     mask: torch.Tensor  # (B, 1, Q, K) True where the query may attend to the key
 
@@ -69,11 +72,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        """Rotates q (T, H, D) and k (T, Hkv, D) by their positions (T,)."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # (T, 1, D)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos, sin (T, 1, D) at the given positions (T,)."""
+        return (self.cos[positions].unsqueeze(1).to(dtype),
+                self.sin[positions].unsqueeze(1).to(dtype))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates x (T, heads, D) by its positions' cos/sin tables (T, 1, D)."""
+    return x * cos + _rotate_half(x) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -97,15 +104,14 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata, pool: KVPool,
-                rope: RotaryEmbedding) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, pool: KVPool) -> torch.Tensor:
         """x: (T, hidden) → (T, hidden)."""
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)  # (T, H, D)
         k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        q, k = rope(q, k, meta.positions)
+        q, k = apply_rope(q, meta.cos, meta.sin), apply_rope(k, meta.cos, meta.sin)
         pool.write(self.layer_id, meta.out_slots, k, v)
 
         q_batched = q[meta.q_index].transpose(1, 2)  # (B, H, Q, D)
@@ -115,7 +121,8 @@ class Attention(nn.Module):
             q_batched, k_batched, v_batched, attn_mask=meta.mask,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )  # (B, H, Q, D)
-        out = out.transpose(1, 2)[meta.q_valid]  # (T, H, D), back in flat token order
+        batch, heads, max_q, dim = out.shape
+        out = out.transpose(1, 2).reshape(batch * max_q, heads, dim)[meta.q_flat]  # (T, H, D)
         return self.o_proj(out.reshape(T, -1))
 
 
@@ -144,9 +151,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, layer_id)
         self.mlp = MLP(config)
 
-    def forward(self, x, meta, pool, rope):
+    def forward(self, x, meta, pool):
         h = F.rms_norm(x, x.shape[-1:], self.input_layernorm, self.eps)
-        x = x + self.self_attn(h, meta, pool, rope)
+        x = x + self.self_attn(h, meta, pool)
         h = F.rms_norm(x, x.shape[-1:], self.post_attention_layernorm, self.eps)
         return x + self.mlp(h)
 
@@ -174,7 +181,7 @@ class LlamaForCausalLM(nn.Module):
         """input_ids: (T,) → final hidden states (T, hidden); K/V of every token land in the pool."""
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
-            x = layer(x, meta, pool, self.rope)
+            x = layer(x, meta, pool)
         return F.rms_norm(x, x.shape[-1:], self.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()

@@ -1,0 +1,281 @@
+"""OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions.
+
+Each endpoint turns its OpenAI body into one native generate call on the shared `EngineBridge`,
+then turns the engine's results (or stream chunks) back into OpenAI's response shapes. Chat
+prompts come from the tokenizer's own chat template.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from sgl_lite.backend.server.http_server import (
+    ApiError, EngineBridge, JsonResponse, Submission, first_chunk_or_error, parse, read_json, sse)
+from sgl_lite.backend.server.protocol import ChatCompletionRequest, CompletionRequest
+
+# Engine field names as OpenAI clients spell them, for the `param` of an error.
+_ALIASES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
+            "sampling_seed": "seed", "text": "prompt", "input_ids": "prompt"}
+
+# `response_format: {"type": "json_object"}`: any JSON object nested at most two levels deep.
+# NOTE: a bounded regex compiles in ~1 s; outlines' regex for the schema {"type": "object"} takes
+# ~10 s (the default grammar compile timeout) on SmolLM2's vocabulary.
+_WS = r"[ \n]{0,2}"
+_STR = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"'
+_NUM = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
+_SCALAR = rf"({_STR}|{_NUM}|true|false|null)"
+_ARRAY = rf"\[{_WS}({_SCALAR}({_WS},{_WS}{_SCALAR})*)?{_WS}\]"
+
+
+def _object(value: str) -> str:
+    member = rf"{_STR}{_WS}:{_WS}{value}"
+    return rf"\{{{_WS}({member}({_WS},{_WS}{member})*)?{_WS}\}}"
+
+
+JSON_OBJECT_REGEX = _object(rf"({_SCALAR}|{_ARRAY}|{_object(rf'({_SCALAR}|{_ARRAY})')})")
+
+
+def add_openai_routes(app: FastAPI, bridge: EngineBridge, *, served_model_name: str,
+                      accepted_names: set[str], max_body_bytes: int) -> None:
+    """Adds the /v1 routes to `app`."""
+    engine = bridge.engine
+
+    def check_model(model: str | None) -> None:
+        if model is not None and model not in accepted_names:
+            raise ApiError(404, f"model {model!r} does not exist; this server serves "
+                                f"{served_model_name!r}", param="model", type="NotFoundError")
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JsonResponse({"object": "list", "data": [{
+            "id": served_model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "sgl_lite", "root": served_model_name,
+            "max_model_len": engine.runner.context_length}]})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        req = parse(CompletionRequest, await read_json(request, max_body_bytes))
+        check_model(req.model)
+        if req.suffix:
+            raise ApiError(400, "suffix is not supported", param="suffix")
+        prompt = req.prompt
+        is_ids = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], str)
+        params = req.sampling_params(16 if req.max_tokens is None else req.max_tokens)
+        want_logprobs = req.logprobs is not None
+        sub = await bridge.submit(
+            **({"input_ids": prompt} if is_ids else {"text": prompt}), sampling_params=params,
+            rid=req.rid, aliases=_ALIASES, return_logprob=want_logprobs,
+            logprob_start_len=0 if want_logprobs and req.echo else -1,
+            top_logprobs_num=req.logprobs or 0, return_text_in_logprobs=True)
+        reply = _Reply("cmpl", "text_completion", served_model_name, req.n)
+        echo = [_prompt_text(engine, prompt, i // req.n) for i in range(len(sub.rids))] if (
+            req.echo) else None
+        if req.stream:
+            return await _streaming(sub, bridge, lambda c, s: reply.completion_chunk(c, s, echo),
+                                    reply, req.stream_options and req.stream_options.include_usage)
+        results = await bridge.collect(sub, request)
+        return JsonResponse(reply.body([{
+            "index": i, "text": (echo[i] if echo else "") + r["text"],
+            "logprobs": _completion_logprobs(r["meta_info"], 0, req.echo) if want_logprobs
+            else None, **_finish(r["meta_info"])} for i, r in enumerate(results)], results))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        req = parse(ChatCompletionRequest, await read_json(request, max_body_bytes))
+        check_model(req.model)
+        if req.top_logprobs and not req.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in req.messages]
+        try:
+            text = engine.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                        add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001 - a template error is the messages' fault
+            raise ApiError(400, f"chat template failed: {exc}", param="messages") from None
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else (
+            req.max_tokens)
+        if max_tokens is None:  # until EOS: whatever room the context and the pool leave
+            room = min(engine.runner.context_length, engine.runner.pool.num_slots - 1)
+            max_tokens = max(room - len(ids), 0)
+        params = req.sampling_params(max_tokens)
+        fmt = req.response_format
+        if fmt is not None and fmt.type != "text":
+            if req.regex is not None or req.json_schema is not None:
+                raise ApiError(400, "give one of response_format, regex and json_schema",
+                               param="response_format")
+            if fmt.type == "json_schema":
+                if fmt.json_schema is None:
+                    raise ApiError(400, "response_format json_schema needs its json_schema field",
+                                   param="response_format.json_schema")
+                params["json_schema"] = json.dumps(fmt.json_schema.schema_)
+            else:
+                params["regex"] = JSON_OBJECT_REGEX
+        sub = await bridge.submit(
+            input_ids=ids, sampling_params=params, rid=req.rid,
+            aliases={**_ALIASES, "input_ids": "messages"}, return_logprob=req.logprobs,
+            top_logprobs_num=req.top_logprobs or 0, return_text_in_logprobs=True)
+        reply = _Reply("chatcmpl", "chat.completion", served_model_name, req.n)
+        if req.stream:
+            return await _streaming(sub, bridge, reply.chat_chunk, reply,
+                                    req.stream_options and req.stream_options.include_usage)
+        results = await bridge.collect(sub, request)
+        return JsonResponse(reply.body([{
+            "index": i, "message": {"role": "assistant", "content": r["text"]},
+            "logprobs": _chat_logprobs(r["meta_info"], 0) if req.logprobs else None,
+            **_finish(r["meta_info"])} for i, r in enumerate(results)], results))
+
+
+def _prompt_text(engine: Any, prompt: Any, i: int) -> str:
+    item = prompt if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else (
+        prompt[i])
+    return item if isinstance(item, str) else engine.tokenizer.decode(item)
+
+
+def _finish(meta: dict[str, Any]) -> dict[str, Any]:
+    reason = meta.get("finish_reason")
+    if reason is None:
+        return {"finish_reason": None}
+    return {"finish_reason": reason["type"], "matched_stop": reason.get("matched")}
+
+
+def _chat_logprobs(meta: dict[str, Any], start: int) -> dict[str, Any]:
+    entries = meta.get("output_token_logprobs") or []
+    tops = meta.get("output_top_logprobs") or []
+
+    def item(logprob: float | None, text: str | None) -> dict[str, Any]:
+        text = text or ""
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [
+        {**item(lp, text), "top_logprobs": [item(tl, tt) for tl, _, tt in (
+            tops[k] if k < len(tops) and tops[k] else [])]}
+        for k, (lp, _, text) in enumerate(entries) if k >= start]}
+
+
+def _completion_logprobs(meta: dict[str, Any], start: int, echo: bool,
+                         offset: int = 0) -> dict[str, Any]:
+    entries = list(meta.get("output_token_logprobs") or [])[start:]
+    tops = list(meta.get("output_top_logprobs") or [])[start:]
+    if echo:
+        entries = list(meta.get("input_token_logprobs") or []) + entries
+        tops = list(meta.get("input_top_logprobs") or []) + tops
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                            "text_offset": []}
+    for k, (lp, _, text) in enumerate(entries):
+        text = text or ""
+        out["tokens"].append(text)
+        out["token_logprobs"].append(lp)
+        top = tops[k] if k < len(tops) else None
+        out["top_logprobs"].append({t or "": v for v, _, t in top} if top else None)
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
+
+
+class _Reply:
+    """Builds one response's bodies and chunks (shared id, model, creation time)."""
+
+    def __init__(self, prefix: str, kind: str, model: str, n: int) -> None:
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.kind, self.model, self.n = kind, model, n
+        self.created = int(time.time())
+        self.sent: dict[int, str] = {}  # index -> text streamed so far
+        self.logprobs_sent: dict[int, int] = {}
+
+    def usage(self, results: list[dict]) -> dict[str, Any]:
+        """OpenAI usage; each prompt counts once however many samples (n) it had."""
+        metas = [r["meta_info"] for r in results if r]
+        prompt = sum(m["prompt_tokens"] for m in metas[:: self.n])
+        completion = sum(m["completion_tokens"] for m in metas)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": sum(
+                    m["cached_tokens"] for m in metas[:: self.n])}}
+
+    def body(self, choices: list[dict], results: list[dict]) -> dict[str, Any]:
+        return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model,
+                "choices": choices, "usage": self.usage(results)}
+
+    def chunk(self, choices: list[dict], usage: dict | None = None) -> dict[str, Any]:
+        return {"id": self.id, "object": f"{self.kind}.chunk" if self.kind.startswith("chat")
+                else self.kind, "created": self.created, "model": self.model,
+                "choices": choices, "usage": usage}
+
+    def _delta(self, chunk: dict) -> str:
+        i, text = chunk["index"], chunk["text"]
+        sent = self.sent.get(i, "")
+        if len(text) > len(sent):
+            self.sent[i] = text
+            return text[len(sent):]
+        return ""
+
+    def _new_logprobs(self, chunk: dict) -> int:
+        i = chunk["index"]
+        start = self.logprobs_sent.get(i, 0)
+        self.logprobs_sent[i] = len(chunk["meta_info"].get("output_token_logprobs") or [])
+        return start
+
+    def chat_chunk(self, chunk: dict, first: bool) -> dict[str, Any] | None:
+        i, meta = chunk["index"], chunk["meta_info"]
+        delta = self._delta(chunk)
+        start = self._new_logprobs(chunk)
+        finish = _finish(meta)
+        if not delta and not first and finish["finish_reason"] is None:
+            return None
+        choice = {"index": i,
+                  "delta": {"role": "assistant", "content": delta} if first else {"content": delta},
+                  "logprobs": _chat_logprobs(meta, start) if "output_token_logprobs" in meta
+                  else None, **finish}
+        return self.chunk([choice])
+
+    def completion_chunk(self, chunk: dict, first: bool,
+                         echo: list[str] | None) -> dict[str, Any] | None:
+        i, meta = chunk["index"], chunk["meta_info"]
+        delta = self._delta(chunk)
+        start = self._new_logprobs(chunk)
+        finish = _finish(meta)
+        if echo and first:
+            delta = echo[i] + delta
+        if not delta and finish["finish_reason"] is None:
+            return None
+        logprobs = (_completion_logprobs(meta, start, echo is not None and first,
+                                         len(self.sent.get(i, "")) - len(delta))
+                    if "output_token_logprobs" in meta else None)
+        return self.chunk([{"index": i, "text": delta, "logprobs": logprobs, **finish}])
+
+
+async def _streaming(sub: Submission, bridge: EngineBridge, convert: Any, reply: _Reply,
+                     include_usage: bool | None) -> StreamingResponse:
+    chunks = bridge.stream(sub)
+    first = await first_chunk_or_error(chunks)
+
+    async def events() -> AsyncIterator[str]:
+        finals: list[dict] = [{}] * len(sub.rids)
+        started: set[int] = set()
+        async with contextlib.aclosing(chunks):
+            pending = [first] if first is not None else []
+            while True:
+                chunk = pending.pop() if pending else await anext(chunks, None)
+                if chunk is None:
+                    break
+                i = chunk["index"]
+                if chunk["meta_info"]["finish_reason"] is not None:
+                    finals[i] = chunk
+                out = convert(chunk, i not in started)
+                started.add(i)
+                if out is not None:
+                    yield sse(out)
+        if include_usage:
+            yield sse(reply.chunk([], reply.usage(finals)))
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")

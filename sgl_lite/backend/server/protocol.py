@@ -1,0 +1,143 @@
+"""Wire models: the JSON bodies the server accepts, as pydantic models, and the error body.
+
+Only the shape of a request is checked here (types, ranges the wire format fixes). What a value
+means for generation (sampling ranges, prompt length, grammars) is the engine's to judge: its
+ValueErrors name the field and arrive as the same 400 body.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+class _Wire(BaseModel):
+    # NOTE: unknown fields are ignored (clients send extras such as `user`, `image_data`);
+    # wrong types of known fields are rejected.
+    model_config = ConfigDict(extra="ignore")
+
+
+# --- native (SGLang) ---------------------------------------------------------------------------
+class GenerateRequest(_Wire):
+    """`POST /generate`: SGLang's GenerateReqInput, text-only."""
+
+    text: StrictStr | list[StrictStr] | None = None
+    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    return_logprob: StrictBool = False
+    logprob_start_len: StrictInt = Field(-1, ge=-1)
+    top_logprobs_num: StrictInt = Field(0, ge=0, le=100)
+    return_text_in_logprobs: StrictBool = False
+    stream: StrictBool = False
+    rid: StrictStr | list[StrictStr] | None = None
+
+
+class AbortRequest(_Wire):
+    """`POST /abort_request`."""
+
+    rid: StrictStr
+
+
+# --- OpenAI ------------------------------------------------------------------------------------
+class StreamOptions(_Wire):
+    include_usage: StrictBool = False
+
+
+class _SamplingFields(_Wire):
+    """The sampling fields /v1/completions and /v1/chat/completions share (with SGLang's extras)."""
+
+    model: StrictStr | None = None
+    n: StrictInt = Field(1, ge=1, le=64)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    # SGLang's extensions
+    top_k: StrictInt = -1
+    min_p: float = Field(0.0, ge=0, le=1)
+    min_tokens: StrictInt = Field(0, ge=0)
+    repetition_penalty: float = 1.0
+    stop_token_ids: list[StrictInt] | None = None
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    no_stop_trim: StrictBool = False
+    regex: StrictStr | None = None
+    json_schema: StrictStr | dict[str, Any] | None = None
+    rid: StrictStr | None = None
+
+    def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
+        """SGLang sampling params for the engine (it checks the values)."""
+        params = {
+            "max_new_tokens": max_new_tokens, "min_new_tokens": self.min_tokens,
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "min_p": self.min_p, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty, "stop": self.stop,
+            "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens, "no_stop_trim": self.no_stop_trim,
+            "n": self.n, "sampling_seed": self.seed, "regex": self.regex,
+            "json_schema": self.json_schema,
+        }
+        return {k: v for k, v in params.items() if v is not None}
+
+
+class CompletionRequest(_SamplingFields):
+    """`POST /v1/completions`."""
+
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = Field(16, ge=0)
+    logprobs: StrictInt | None = Field(None, ge=0, le=20)
+    echo: StrictBool = False
+    suffix: StrictStr | None = None
+
+
+class ContentPart(_Wire):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(_Wire):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[ContentPart] | None = None
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        """The message's content as one string (text parts joined)."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        return "".join(part.text for part in self.content)
+
+
+class JsonSchemaFormat(_Wire):
+    name: StrictStr | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: StrictBool | None = None
+    description: StrictStr | None = None
+
+
+class ResponseFormat(_Wire):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """`POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: StrictInt | None = Field(None, ge=0)
+    max_completion_tokens: StrictInt | None = Field(None, ge=0)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+
+
+# --- errors ------------------------------------------------------------------------------------
+def error_body(message: str, *, type: str = "BadRequestError", param: str | None = None,
+               code: int | str | None = 400) -> dict[str, Any]:
+    """The error JSON every endpoint answers with: `{"error": {message, type, param, code}}`."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
