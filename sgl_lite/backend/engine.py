@@ -176,13 +176,16 @@ class Engine:
     # --- loop thread ------------------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
+        idle = True
         while not self._stopped:
-            self._drain_inbox(block=not self.scheduler.has_work)
+            # Block for new input only when the last step had nothing to run (e.g. every
+            # waiting request is still compiling its grammar), so the loop never spins.
+            self._drain_inbox(block=idle)
             if self._stopped:
                 break
             self._poll_grammars()
             try:
-                self.step()
+                idle = self.step() is None
             except Exception as exc:  # noqa: BLE001 - a bug in one batch must not kill the engine
                 logger.exception("engine step failed; aborting the running requests")
                 for req in list(self.scheduler.running):
@@ -235,11 +238,14 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - the message goes to that request only
                 self._finish(req, {"type": "abort", "message": str(exc)}, cache=False)
 
-    def step(self) -> list[Req]:
-        """One scheduling step: schedule → forward → sample → process. Returns finished reqs."""
+    def step(self) -> list[Req] | None:
+        """One scheduling step: schedule → forward → sample → process.
+
+        Returns the requests that finished, or None when there was nothing to run.
+        """
         batch = self.scheduler.schedule()
         if batch is None:
-            return []
+            return None
         output = self.runner.forward(batch.segments)
         self.forward_passes += 1
         finished = self._process(batch, output)

@@ -150,7 +150,7 @@ class Scheduler:
     def _match_limit(req: Req) -> int:
         """How much of the sequence may come from the cache: at least one token is computed
         to get logits, and prompt positions whose logprobs are asked for are recomputed."""
-        limit = req.seq_len if req.sampling_params.max_new_tokens == 0 else req.seq_len - 1
+        limit = req.seq_len - 1  # also for max_new_tokens=0: a pass needs one token
         if req.needs_input_logprobs:
             limit = min(limit, max(req.logprob_start_len - 1, 0))
         return limit

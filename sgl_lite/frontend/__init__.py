@@ -1,1 +1,1 @@
-"""sgl_lite/frontend."""
+"""sgl_lite/frontend: SGLang's frontend language (IR, interpreter, backends). No tensors here."""

@@ -133,6 +133,8 @@ def test_max_new_tokens_zero_caches_the_prompt(engine, smollm_tokenizer):
     prompt = chat_prompt(smollm_tokenizer, "A prompt that is only prefilled, never decoded.")
     out = engine.generate(prompt, {"max_new_tokens": 0})
     assert out["output_ids"] == [] and out["meta_info"]["finish_reason"]["type"] == "length"
+    repeat = engine.generate(prompt, {"max_new_tokens": 0})  # fully cached: still one token
+    assert repeat["meta_info"]["cached_tokens"] == repeat["meta_info"]["prompt_tokens"] - 1
     again = engine.generate(prompt, GREEDY)
     assert again["meta_info"]["cached_tokens"] == again["meta_info"]["prompt_tokens"] - 1
 

@@ -1,0 +1,212 @@
+"""The DSL's constructors (SGLang's names): they validate their arguments and build IR only.
+
+Mistakes that can be seen without running anything (an unknown argument, an invalid regex, a
+role inside a role, a select without choices) raise here, where the program is written.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sgl_lite.frontend import ir
+from sgl_lite.frontend.choices import ChoicesMethod, token_length_normalized
+
+_GEN_ARGS = ("name", *ir.SAMPLING_FIELDS, "choices", "choices_method")
+_DTYPES = (int, float, bool, str)
+
+
+def function(func: Callable | None = None, *, num_api_spec_tokens: int | None = None,
+             **unknown: Any) -> Any:
+    """Decorator: `@sgl.function` or `@sgl.function(num_api_spec_tokens=...)`."""
+    from sgl_lite.frontend.program import SglFunction
+
+    _reject_unknown("function", unknown, ("num_api_spec_tokens",))
+    if func is None:
+        return lambda f: SglFunction(f, num_api_spec_tokens=num_api_spec_tokens)
+    return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)
+
+
+def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
+        n: int | None = None, stop: str | Sequence[str] | None = None,
+        stop_token_ids: Sequence[int] | None = None, temperature: float | None = None,
+        top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
+        frequency_penalty: float | None = None, presence_penalty: float | None = None,
+        ignore_eos: bool | None = None, return_logprob: bool | None = None,
+        logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None, dtype: type | None = None,
+        regex: str | None = None, json_schema: str | dict | None = None,
+        choices: Sequence[str] | None = None, choices_method: ChoicesMethod | None = None,
+        **unknown: Any) -> ir.Gen | ir.Select:
+    """Generates text into variable `name`; every argument falls back to the run() defaults.
+
+    `choices=[...]` makes it a `select`. `dtype`, `regex` and `json_schema` constrain the output
+    (at most one of them).
+    """
+    _reject_unknown("gen", unknown, _GEN_ARGS)
+    _check_name(name)
+    if choices is not None:
+        return select(name, choices=choices, temperature=temperature or 0.0,
+                      choices_method=choices_method)
+    if choices_method is not None:
+        raise ValueError("gen(choices_method=...) needs choices=[...] too")
+    if n not in (None, 1):
+        raise ValueError(f"gen(n={n}) is not supported; use s.fork({n}) for parallel samples")
+    given = [k for k, v in (("dtype", dtype), ("regex", regex), ("json_schema", json_schema))
+             if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"gen() takes at most one of dtype, regex, json_schema; got {given}")
+    if dtype is not None and dtype not in _DTYPES:
+        raise ValueError(f"gen(dtype=...) must be one of int, float, bool, str; got {dtype!r}")
+    if regex is not None:
+        validate_regex(regex)
+    if json_schema is not None:
+        json_schema = _schema_string(json_schema)
+    if max_tokens is not None and max_tokens < 0:
+        raise ValueError(f"gen(max_tokens={max_tokens}) must be >= 0")
+    if temperature is not None and temperature < 0:
+        raise ValueError(f"gen(temperature={temperature}) must be >= 0")
+    if isinstance(stop, list):
+        stop = tuple(stop)
+    sampling = ir.SamplingArgs(
+        max_tokens=max_tokens, min_tokens=min_tokens, n=n, stop=stop,
+        stop_token_ids=tuple(stop_token_ids) if stop_token_ids is not None else None,
+        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos, return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex,
+        json_schema=json_schema)
+    return ir.Gen(name=name, sampling=sampling)
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> ir.Gen:
+    """`gen(name, dtype=int, ...)`: an integer (the variable holds its text)."""
+    return gen(name, dtype=int, **kwargs)
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> ir.Gen:
+    """`gen(name, dtype=str, ...)`: a double-quoted string."""
+    return gen(name, dtype=str, **kwargs)
+
+
+def select(name: str | None = None, choices: Sequence[str] | None = None,
+           temperature: float = 0.0, choices_method: ChoicesMethod | None = None,
+           **unknown: Any) -> ir.Select:
+    """Picks one of `choices` by scoring each as a continuation of the prompt."""
+    _reject_unknown("select", unknown, ("name", "choices", "temperature", "choices_method"))
+    _check_name(name)
+    if choices is None or isinstance(choices, str) or len(choices) == 0:
+        raise ValueError(f"select({name!r}) needs choices=[...], a non-empty list of strings")
+    if not all(isinstance(c, str) and c for c in choices):
+        raise ValueError(f"select({name!r}) choices must be non-empty strings; got {choices!r}")
+    if temperature and temperature > 1e-5:
+        raise ValueError(f"select({name!r}, temperature={temperature}): select is greedy; "
+                         "only temperature=0 is supported (as in SGLang)")
+    if choices_method is not None and not isinstance(choices_method, ChoicesMethod):
+        raise ValueError("choices_method must be sgl.token_length_normalized, "
+                         "sgl.greedy_token_selection or sgl.unconditional_likelihood_normalized")
+    return ir.Select(name=name, choices=tuple(choices), temperature=0.0,
+                     choices_method=choices_method or token_length_normalized)
+
+
+def _role(role: str, expr: Any = None) -> ir.Concat:
+    if expr is None:
+        return ir.Concat(items=(ir.RoleBegin(role=role), ir.RoleEnd(role=role)))
+    body = ir.to_expr(expr)
+    for leaf in ir.flatten(body):
+        if isinstance(leaf, (ir.RoleBegin, ir.RoleEnd)):
+            raise ValueError(f"nested roles: {role}(...) contains {leaf.role}(...); "
+                             "roles cannot be nested, add them one after another")
+    return ir.Concat.of(ir.RoleBegin(role=role), body, ir.RoleEnd(role=role))
+
+
+def system(expr: Any = None) -> ir.Concat:
+    return _role("system", expr)
+
+
+def user(expr: Any = None) -> ir.Concat:
+    return _role("user", expr)
+
+
+def assistant(expr: Any = None) -> ir.Concat:
+    return _role("assistant", expr)
+
+
+def system_begin() -> ir.RoleBegin:
+    return ir.RoleBegin(role="system")
+
+
+def system_end() -> ir.RoleEnd:
+    return ir.RoleEnd(role="system")
+
+
+def user_begin() -> ir.RoleBegin:
+    return ir.RoleBegin(role="user")
+
+
+def user_end() -> ir.RoleEnd:
+    return ir.RoleEnd(role="user")
+
+
+def assistant_begin() -> ir.RoleBegin:
+    return ir.RoleBegin(role="assistant")
+
+
+def assistant_end() -> ir.RoleEnd:
+    return ir.RoleEnd(role="assistant")
+
+
+# --- validation helpers --------------------------------------------------------------------
+def validate_regex(regex: str) -> None:
+    """Raises ValueError when `regex` is not a pattern the constrained decoder can compile."""
+    if not isinstance(regex, str):
+        raise ValueError(f"regex must be a str; got {type(regex).__name__}")
+    try:
+        re.compile(regex)
+    except re.error as exc:
+        raise ValueError(f"invalid regex {regex!r}: {exc}") from None
+    try:
+        import interegular
+
+        interegular.parse_pattern(regex).to_fsm()
+    except ImportError:
+        pass
+    except Exception as exc:  # noqa: BLE001 - interegular raises several kinds
+        raise ValueError(f"regex {regex!r} uses syntax the constrained decoder does not "
+                         f"support (no lookarounds or backreferences): {exc}") from None
+
+
+def _schema_string(schema: Any) -> str:
+    if hasattr(schema, "model_json_schema"):  # a pydantic model class
+        return json.dumps(schema.model_json_schema())
+    if isinstance(schema, dict):
+        return json.dumps(schema)
+    if isinstance(schema, str):
+        try:
+            json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+        return schema
+    raise ValueError(f"json_schema must be a JSON str, a dict or a pydantic model; "
+                     f"got {type(schema).__name__}")
+
+
+def _check_name(name: Any) -> None:
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"a variable name must be a non-empty str; got {name!r} (the first "
+                         "argument of gen/select is the name: gen('answer', max_tokens=16))")
+
+
+def _reject_unknown(func: str, unknown: dict[str, Any], known: Sequence[str]) -> None:
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, n=1)
+        hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise TypeError(f"{func}() got unknown argument(s) {', '.join(hints)}; "
+                    f"it takes: {', '.join(known)}")

@@ -1,0 +1,76 @@
+"""The Backend protocol: the only thing the interpreter calls to reach a model.
+
+A backend gets plain data (the prompt text and messages, resolved SGLang sampling params) and
+returns plain data (text, meta_info, a choice decision). It never sees IR nodes or states.
+Implementations: `EngineBackend` (in-process), `RuntimeEndpoint` (HTTP, SGLang's /generate),
+`OpenAI` (any OpenAI-compatible server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from sgl_lite.frontend.chat_template import ChatTemplate
+from sgl_lite.frontend.choices import ChoicesDecision, ChoicesMethod
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prompt:
+    """What a program has produced so far, as text and as chat messages.
+
+    `messages` are the closed messages; `open_role` / `open_content` the role being written.
+    """
+
+    text: str
+    messages: tuple[dict[str, str], ...] = ()
+    open_role: str | None = None
+    open_content: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenRequest:
+    """One generation: SGLang `sampling_params` (already resolved) plus the logprob options."""
+
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+
+
+class GenResult(NamedTuple):
+    text: str
+    meta_info: dict[str, Any]
+
+
+class Backend:
+    """Base class of the frontend's backends (the protocol, with defaults where one exists)."""
+
+    chat_template: ChatTemplate
+
+    def generate(self, prompt: Prompt, request: GenRequest) -> GenResult:
+        """Continues `prompt.text`; returns the new text (stop strings trimmed) and meta_info."""
+        raise NotImplementedError
+
+    def generate_stream(self, prompt: Prompt, request: GenRequest) -> Iterator[GenResult]:
+        """Like `generate`, yielding results with the cumulative text; the last has full meta."""
+        yield self.generate(prompt, request)
+
+    def select(self, prompt: Prompt, choices: Sequence[str],
+               method: ChoicesMethod) -> ChoicesDecision:
+        """Scores every choice as a continuation of `prompt.text` and lets `method` decide."""
+        raise NotImplementedError(f"{type(self).__name__} does not support select")
+
+    def cache_prefix(self, text: str) -> None:
+        """Prefills `text` so later requests that start with it hit the prefix cache."""
+
+    def flush_cache(self) -> bool:
+        return False
+
+    def get_server_info(self) -> dict[str, Any]:
+        return {}
+
+    def shutdown(self) -> None:
+        pass

@@ -1,0 +1,142 @@
+"""OpenAI: a backend for any OpenAI-compatible server (sgl_lite, SGLang, vLLM, OpenAI).
+
+With a chat model, gen() must come right after assistant_begin(): the closed messages go to
+chat completions. `regex` / `json_schema` travel as extra body fields (sgl_lite and SGLang
+understand them). select scores choices with echoed prompt logprobs from /v1/completions
+where the server gives them; otherwise it fails with an error that says so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt
+from sgl_lite.frontend.chat_template import ChatTemplate, get_chat_template_by_model_path
+from sgl_lite.frontend.choices import ChoicesDecision, ChoicesMethod
+
+_STANDARD = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
+             "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+             "stop": "stop"}
+_EXTRA = ("top_k", "min_p", "regex", "json_schema", "ignore_eos", "min_new_tokens",
+          "stop_token_ids", "repetition_penalty")
+_COMPLETION_MODELS = ("gpt-3.5-turbo-instruct", "davinci", "babbage")
+_NEUTRAL = {"top_k": -1, "min_p": 0.0, "ignore_eos": False, "stop_token_ids": []}
+
+
+class OpenAI(Backend):
+    """`OpenAI(model_name, base_url=..., api_key=...)`."""
+
+    def __init__(self, model_name: str, base_url: str | None = None, api_key: str | None = None,
+                 *, is_chat_model: bool | None = None, chat_template: ChatTemplate | None = None,
+                 **client_kwargs: Any) -> None:
+        try:
+            import openai
+        except ImportError as exc:
+            raise ImportError("the OpenAI backend needs the `openai` package: "
+                              "pip install openai") from exc
+        self.client = openai.OpenAI(base_url=base_url,
+                                    api_key=api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"),
+                                    **client_kwargs)
+        self.model_name = model_name
+        if is_chat_model is None:  # OpenAI's own completion-only models; others are chat
+            is_chat_model = not any(k in model_name for k in _COMPLETION_MODELS)
+        self.is_chat_model = is_chat_model
+        self.chat_template = chat_template or get_chat_template_by_model_path(model_name)
+
+    def _args(self, request: GenRequest) -> dict[str, Any]:
+        sp = request.sampling_params
+        args = {_STANDARD[k]: v for k, v in sp.items() if k in _STANDARD}
+        if isinstance(args.get("stop"), list) and not args["stop"]:
+            args.pop("stop")
+        extra = {k: sp[k] for k in _EXTRA if k in sp and sp[k] != _NEUTRAL.get(k, object())}
+        if extra:
+            args["extra_body"] = extra
+        if request.return_logprob:
+            args["logprobs"] = True if self.is_chat_model else max(request.top_logprobs_num, 1)
+        return args
+
+    def _use_chat(self, prompt: Prompt) -> bool:
+        if not self.is_chat_model:
+            return False
+        if prompt.open_role != "assistant" or prompt.open_content:
+            raise ValueError(
+                f"OpenAI backend with chat model {self.model_name!r}: gen() must come right "
+                "after assistant_begin() (or be the whole content of assistant(...)), since "
+                "chat completions continue whole messages; pass is_chat_model=False to use "
+                "text completions")
+        return True
+
+    def generate(self, prompt: Prompt, request: GenRequest) -> GenResult:
+        args = self._args(request)
+        if self._use_chat(prompt):
+            resp = self.client.chat.completions.create(
+                model=self.model_name, messages=list(prompt.messages), **args)
+            text = resp.choices[0].message.content or ""
+        else:
+            resp = self.client.completions.create(model=self.model_name, prompt=prompt.text,
+                                                  **args)
+            text = resp.choices[0].text
+        return GenResult(text, _meta(resp))
+
+    def generate_stream(self, prompt: Prompt, request: GenRequest) -> Iterator[GenResult]:
+        args = self._args(request)
+        chat = self._use_chat(prompt)
+        if chat:
+            chunks = self.client.chat.completions.create(
+                model=self.model_name, messages=list(prompt.messages), stream=True, **args)
+        else:
+            chunks = self.client.completions.create(
+                model=self.model_name, prompt=prompt.text, stream=True, **args)
+        text = ""
+        for chunk in chunks:
+            if not chunk.choices:
+                continue
+            c = chunk.choices[0]
+            text += (c.delta.content or "") if chat else (c.text or "")
+            yield GenResult(text, {"finish_reason": c.finish_reason})
+
+    def select(self, prompt: Prompt, choices: Sequence[str],
+               method: ChoicesMethod) -> ChoicesDecision:
+        if method.requires_unconditional_logprobs:
+            raise NotImplementedError(
+                "unconditional_likelihood_normalized is not supported by the OpenAI backend; "
+                "use token_length_normalized or the RuntimeEndpoint backend")
+        try:
+            resp = self.client.completions.create(
+                model=self.model_name, prompt=[prompt.text + c for c in choices], max_tokens=0,
+                echo=True, logprobs=1, temperature=0)
+        except Exception as exc:  # the server's own error, restated
+            raise NotImplementedError(
+                f"select needs prompt logprobs (/v1/completions with echo=True, logprobs=1), "
+                f"which {self.model_name!r} at this server does not provide ({exc}); use "
+                "RuntimeEndpoint, or gen(regex='(a|b)') to choose by constrained generation"
+            ) from exc
+        by_index = sorted(resp.choices, key=lambda c: c.index)
+        scored = []
+        for c in by_index:
+            lp = c.logprobs
+            if lp is None or not lp.token_logprobs:
+                raise NotImplementedError(f"the server returned no prompt logprobs for select "
+                                          f"with {self.model_name!r}")
+            # A token belongs to the choice when it ends past the prefix (it may straddle).
+            scored.append([v for tok, off, v in zip(lp.tokens, lp.text_offset, lp.token_logprobs)
+                           if off + len(tok) > len(prompt.text) and v is not None])
+        return method(choices=choices, token_logprobs=scored)
+
+    def get_server_info(self) -> dict[str, Any]:
+        return {"model": self.model_name, "base_url": str(self.client.base_url)}
+
+
+def _meta(resp: Any) -> dict[str, Any]:
+    usage = getattr(resp, "usage", None)
+    details = getattr(usage, "prompt_tokens_details", None)
+    reason = resp.choices[0].finish_reason if resp.choices else None
+    return {
+        "id": getattr(resp, "id", None),
+        "prompt_tokens": getattr(usage, "prompt_tokens", None),
+        "completion_tokens": getattr(usage, "completion_tokens", None),
+        "cached_tokens": getattr(details, "cached_tokens", None) or 0,
+        "finish_reason": {"type": reason} if reason else None,
+    }

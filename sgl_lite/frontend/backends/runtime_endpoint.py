@@ -1,0 +1,169 @@
+"""RuntimeEndpoint: a backend speaking SGLang's native HTTP protocol (`POST /generate`).
+
+Works against an sgl_lite server or a real SGLang server. Connection errors are retried with
+exponential backoff; every request has a timeout. The server tokenizes, so select finds the
+choice's tokens by comparing the prefix's token ids with the joint tokenization's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt
+from sgl_lite.frontend.chat_template import (
+    ChatTemplate,
+    get_chat_template,
+    get_chat_template_by_model_path,
+)
+from sgl_lite.frontend.choices import (
+    ChoicesDecision,
+    ChoicesMethod,
+    common_prefix_len,
+    logprob_values,
+)
+
+_WINDOW = 8  # tokens before the prefix's end that a choice's first token may merge into
+
+
+class RuntimeEndpoint(Backend):
+    """`RuntimeEndpoint("http://localhost:30000", api_key=None)`."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *,
+                 chat_template: ChatTemplate | str | None = None, timeout: float = 600.0,
+                 connect_timeout: float = 5.0, retries: int = 3, backoff: float = 0.5) -> None:
+        import requests
+
+        self._requests = requests
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = (connect_timeout, timeout)
+        self.retries, self.backoff = retries, backoff
+        self.model_info = self._call("GET", "/get_model_info")
+        if isinstance(chat_template, str):
+            chat_template = get_chat_template(chat_template)
+        self.chat_template = chat_template or get_chat_template_by_model_path(
+            self.model_info.get("model_path"))
+
+    # --- HTTP ----------------------------------------------------------------------------------
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _send(self, method: str, path: str, body: Any = None, stream: bool = False) -> Any:
+        requests = self._requests
+        for attempt in range(self.retries + 1):
+            try:
+                resp = requests.request(method, self.base_url + path, json=body, stream=stream,
+                                        headers=self._headers(), timeout=self.timeout)
+                break
+            except requests.ConnectionError as exc:
+                if attempt == self.retries:
+                    raise ConnectionError(
+                        f"cannot reach the server at {self.base_url} ({exc.__class__.__name__}) "
+                        f"after {self.retries + 1} tries: start one with `python -m "
+                        "sgl_lite.launch_server --port 30000` or check the URL") from exc
+                time.sleep(self.backoff * 2**attempt)
+        if resp.status_code >= 400:
+            raise RuntimeError(f"{method} {path} failed with HTTP {resp.status_code}: "
+                               f"{_error_message(resp)}")
+        return resp
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        resp = self._send(method, path, body)
+        try:
+            return resp.json()
+        except ValueError:
+            return resp.text
+
+    def _generate(self, body: dict[str, Any]) -> Any:
+        return self._call("POST", "/generate", body)
+
+    def _body(self, prompt: Prompt, request: GenRequest) -> dict[str, Any]:
+        return {
+            "text": prompt.text, "sampling_params": dict(request.sampling_params),
+            "return_logprob": request.return_logprob,
+            "logprob_start_len": request.logprob_start_len,
+            "top_logprobs_num": request.top_logprobs_num,
+            "return_text_in_logprobs": request.return_text_in_logprobs,
+        }
+
+    # --- generation ---------------------------------------------------------------------------
+    def generate(self, prompt: Prompt, request: GenRequest) -> GenResult:
+        out = self._generate(self._body(prompt, request))
+        return GenResult(out["text"], out.get("meta_info", {}))
+
+    def generate_stream(self, prompt: Prompt, request: GenRequest) -> Iterator[GenResult]:
+        resp = self._send("POST", "/generate", {**self._body(prompt, request), "stream": True},
+                          stream=True)
+        for line in resp.iter_lines(decode_unicode=True):
+            if not line or not line.startswith("data:"):
+                continue
+            data = line[len("data:"):].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(f"server error while streaming: {chunk['error']}")
+            yield GenResult(chunk["text"], chunk.get("meta_info", {}))
+
+    def cache_prefix(self, text: str) -> None:
+        self._generate({"text": text, "sampling_params": {"max_new_tokens": 0}})
+
+    # --- select -------------------------------------------------------------------------------
+    def select(self, prompt: Prompt, choices: Sequence[str],
+               method: ChoicesMethod) -> ChoicesDecision:
+        # The prefill also tells us the prefix's token ids (the server tokenizes).
+        pre = self._generate({"text": prompt.text, "sampling_params": {"max_new_tokens": 0},
+                              "return_logprob": True, "logprob_start_len": 0})
+        prefix_ids = [e[1] for e in pre["meta_info"].get("input_token_logprobs") or []]
+        window = max(len(prefix_ids) - _WINDOW, 0)
+        outs = self._generate({
+            "text": [prompt.text + c for c in choices],
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True, "logprob_start_len": window,
+        })
+        scored, choice_ids = [], []
+        for out in outs:
+            entries = out["meta_info"]["input_token_logprobs"]
+            ids = [e[1] for e in entries]
+            start = common_prefix_len(prefix_ids[window:], ids)
+            start = min(start, len(entries) - 1)
+            scored.append(logprob_values(entries[start:]))
+            choice_ids.append(ids[start:])
+        uncond = None
+        if method.requires_unconditional_logprobs:
+            res = self._generate({"input_ids": choice_ids, "sampling_params": {"max_new_tokens": 0},
+                                  "return_logprob": True, "logprob_start_len": 0})
+            uncond = [logprob_values(r["meta_info"]["input_token_logprobs"]) for r in res]
+        decision = method(choices=choices, token_logprobs=scored,
+                          unconditional_token_logprobs=uncond)
+        meta = dict(decision.meta_info)
+        meta["prompt_tokens"] = len(prefix_ids)
+        meta["cached_tokens"] = [o["meta_info"].get("cached_tokens") for o in outs]
+        return ChoicesDecision(decision.decision, meta)
+
+    # --- admin --------------------------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        self._send("POST", "/flush_cache")
+        return True
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self._call("GET", "/get_server_info")
+
+    def get_model_info(self) -> dict[str, Any]:
+        return self.model_info
+
+
+def _error_message(resp: Any) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:500]
+    if isinstance(body, dict):
+        err = body.get("error", body.get("detail", body))
+        if isinstance(err, dict):
+            return str(err.get("message", err))
+        return str(err)
+    return str(body)

@@ -1,0 +1,158 @@
+"""The frontend's intermediate representation: what a program adds to its state.
+
+Every node is a frozen keyword-only dataclass. Nodes only describe; the interpreter
+(`interpreter.py`) gives them meaning, and a backend never sees them. `a + b` on nodes (or a
+node and a str) builds a `Concat`, as in SGLang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "user", "assistant")
+
+# The names `gen(...)` shares with SGLang's sampling arguments. `SamplingArgs` holds them.
+SAMPLING_FIELDS = (
+    "max_tokens", "min_tokens", "n", "stop", "stop_token_ids", "temperature", "top_p", "top_k",
+    "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob",
+    "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "dtype", "regex",
+    "json_schema",
+)
+
+
+class Expr:
+    """Base of every IR node: supports `+` (concatenation) and refuses to pose as text."""
+
+    def __add__(self, other: Any) -> Concat:
+        return Concat.of(self, other)
+
+    def __radd__(self, other: Any) -> Concat:
+        return Concat.of(other, self)
+
+    def __format__(self, spec: str) -> str:
+        raise TypeError(
+            f"{type(self).__name__} is a placeholder, not text: name it (e.g. gen('answer')), "
+            "add it with `s += ...`, then read the result with s['answer']"
+        )
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            f"{type(self).__name__} has no truth value before it runs: add it with `s += ...` "
+            "and test the variable it sets (s['name'])"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingArgs:
+    """`gen`'s sampling arguments; None means "fall back to the run() defaults"."""
+
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    n: int | None = None
+    stop: str | tuple[str, ...] | None = None
+    stop_token_ids: tuple[int, ...] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    ignore_eos: bool | None = None
+    return_logprob: bool | None = None
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool | None = None
+    dtype: type | None = None
+    regex: str | None = None
+    json_schema: str | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The arguments that were set (not None)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Text(Expr):
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gen(Expr):
+    name: str | None
+    sampling: SamplingArgs = field(default_factory=SamplingArgs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Select(Expr):
+    name: str | None
+    choices: tuple[str, ...]
+    temperature: float = 0.0
+    choices_method: Any = None  # a ChoicesMethod; None = token_length_normalized
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleBegin(Expr):
+    role: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleEnd(Expr):
+    role: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class VarScopeBegin(Expr):
+    name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class VarScopeEnd(Expr):
+    name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetVar(Expr):
+    """Sets a variable (and its meta info) without adding text; used by `set_var` and join."""
+
+    name: str
+    value: Any
+    meta_info: Any = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Concat(Expr):
+    items: tuple[Expr, ...]
+
+    @staticmethod
+    def of(*parts: Any) -> Concat:
+        return Concat(items=tuple(leaf for part in parts for leaf in flatten(to_expr(part))))
+
+
+def to_expr(value: Any) -> Expr:
+    """A str becomes `Text`; a list/tuple a `Concat`; an `Expr` stays itself."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, str):
+        return Text(text=value)
+    if isinstance(value, (list, tuple)):
+        return Concat.of(*value)
+    raise TypeError(
+        f"cannot add a {type(value).__name__} to a program: add a str or an sgl expression "
+        f"(gen, select, user(...), ...); got {value!r:.80}"
+    )
+
+
+def flatten(expr: Expr) -> Iterator[Expr]:
+    """The leaves of an expression, in order (concatenations dissolved)."""
+    if isinstance(expr, Concat):
+        for item in expr.items:
+            yield from flatten(item)
+    else:
+        yield expr

@@ -1,0 +1,179 @@
+"""SglFunction: a decorated program; run, run_batch, bind, and tracing for prefix caching.
+
+`run_batch` starts every program on a thread pool; each state has its own worker thread, so the
+whole batch's first requests reach the backend together. Before that, the batch's constant
+prefix (found by tracing the program with placeholder arguments, as SGLang does) is prefilled
+once so all first prefills hit the cache.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sgl_lite.frontend import sampling
+from sgl_lite.frontend.backends.base import Backend
+from sgl_lite.frontend.interpreter import ProgramState
+from sgl_lite.frontend.tracing import trace_prefix
+
+logger = logging.getLogger("sgl_lite")
+
+
+class SglFunction:
+    """A program: `func(s, *args)` that adds to the state `s`."""
+
+    def __init__(self, func: Callable, *, num_api_spec_tokens: int | None = None,
+                 bind_arguments: dict[str, Any] | None = None) -> None:
+        if not callable(func):
+            raise TypeError(f"@sgl.function decorates a function; got {func!r}")
+        params = list(inspect.signature(func).parameters.values())
+        if not params or params[0].name != "s":
+            got = params[0].name if params else "no parameters"
+            raise ValueError(f"@sgl.function {func.__name__}: the first parameter must be `s` "
+                             f"(the program state), as in `def {func.__name__}(s, ...)`; "
+                             f"got {got}")
+        self.func = func
+        self.name = func.__name__
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bind_arguments = dict(bind_arguments or {})
+        self.arg_names = [p.name for p in params[1:]]
+        self._signature = inspect.signature(func)
+        self.__doc__ = func.__doc__
+
+    def bind(self, **kwargs: Any) -> SglFunction:
+        """A copy of this program with some arguments fixed."""
+        unknown = [k for k in kwargs if k not in self.arg_names]
+        if unknown and not any(p.kind == p.VAR_KEYWORD
+                               for p in self._signature.parameters.values()):
+            raise TypeError(f"{self.name}.bind(): unknown argument(s) {unknown}; "
+                            f"the program takes {self.arg_names}")
+        return SglFunction(self.func, num_api_spec_tokens=self.num_api_spec_tokens,
+                           bind_arguments={**self.bind_arguments, **kwargs})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
+        return self.run(*args, **kwargs)
+
+    def run(self, *args: Any, stream: bool = False, backend: Backend | None = None,
+            **kwargs: Any) -> ProgramState:
+        """Runs the program once; run() keywords (max_new_tokens, temperature, ...) are the
+        defaults of every gen() in it. With stream=True returns at once (use text_iter)."""
+        defaults, arguments = self._split(kwargs)
+        backend = _resolve_backend(backend)
+        state = ProgramState(backend, defaults, stream=stream, name=self.name)
+        bound = self._bind(state, args, arguments)
+        if stream:
+            thread = threading.Thread(target=self._body, args=(state, bound, False), daemon=True)
+            thread.start()
+            return state
+        self._body(state, bound, True)
+        state.sync()
+        return state
+
+    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, backend: Backend | None = None,
+                  num_threads: int | str = "auto", progress_bar: bool = False,
+                  generator_style: bool = False, **kwargs: Any
+                  ) -> list[ProgramState] | Iterator[ProgramState]:
+        """Runs the program once per kwargs dict; returns the states in the same order.
+
+        A program that fails does not stop the others: its state's `error()` says why.
+        """
+        if not isinstance(batch_kwargs, (list, tuple)):
+            raise TypeError("run_batch takes a list of kwargs dicts, one per program")
+        defaults, extra = self._split(kwargs)
+        if extra:
+            raise TypeError(f"run_batch(): unknown argument(s) {sorted(extra)}; pass program "
+                            "arguments inside the batch's dicts")
+        backend = _resolve_backend(backend)
+        states, bounds = [], []
+        for i, arguments in enumerate(batch_kwargs):
+            if not isinstance(arguments, dict):
+                raise TypeError(f"run_batch item {i} is a {type(arguments).__name__}; "
+                                "each item must be a dict of the program's arguments")
+            state = ProgramState(backend, defaults, name=f"{self.name}[{i}]")
+            states.append(state)
+            bounds.append(self._bind(state, (), arguments))  # bad arguments fail before any run
+        if len(states) > 1:
+            self._precache(backend)
+        if num_threads == "auto":
+            num_threads = max(96, (os.cpu_count() or 1) * 16)
+        num_threads = max(1, min(int(num_threads), len(states) or 1))
+        pool = concurrent.futures.ThreadPoolExecutor(num_threads, thread_name_prefix="sgl-batch")
+        futures = [pool.submit(self._body, s, b, False) for s, b in zip(states, bounds)]
+        pool.shutdown(wait=False)
+        done = self._progress(states, futures, progress_bar)
+        return done if generator_style else list(done)
+
+    def trace(self, backend: Backend | None = None, **kwargs: Any) -> str:
+        """The constant text this program starts with, whatever its arguments."""
+        backend = _resolve_backend(backend)
+        return trace_prefix(self, backend.chat_template, kwargs)
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _split(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        run_args = {k: v for k, v in kwargs.items() if k in sampling.RUN_ARGS}
+        other = {k: v for k, v in kwargs.items() if k not in sampling.RUN_ARGS}
+        return sampling.run_defaults(run_args), other
+
+    def _bind(self, state: ProgramState, args: tuple, kwargs: dict[str, Any]
+              ) -> inspect.BoundArguments:
+        try:
+            return self._signature.bind(state, *args, **{**self.bind_arguments, **kwargs})
+        except TypeError as exc:
+            raise TypeError(f"{self.name}{self._signature}: {exc}") from None
+
+    def _body(self, state: ProgramState, bound: inspect.BoundArguments, reraise: bool) -> None:
+        state._owner = threading.get_ident()
+        try:
+            self.func(*bound.args, **bound.kwargs)
+        except BaseException as exc:
+            state.sync()
+            with state._cond:
+                if state._error is None:
+                    state._error, state._failed_step = exc, "the program's Python code"
+                state._cond.notify_all()
+            if reraise:
+                raise
+        finally:
+            state.close()
+
+    def _precache(self, backend: Backend) -> None:
+        try:
+            prefix = trace_prefix(self, backend.chat_template, self.bind_arguments)
+        except Exception as exc:  # noqa: BLE001 - tracing is an optimisation only
+            logger.debug("tracing %s for its prefix failed: %s", self.name, exc)
+            return
+        if prefix:
+            backend.cache_prefix(prefix)
+
+    @staticmethod
+    def _progress(states: list[ProgramState], futures: list[concurrent.futures.Future],
+                  progress_bar: bool) -> Iterator[ProgramState]:
+        bar = None
+        if progress_bar:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(states), desc="run_batch")
+        try:
+            if bar is not None:
+                for future in concurrent.futures.as_completed(futures):
+                    states[futures.index(future)].sync()
+                    bar.update(1)
+            for state, future in zip(states, futures):
+                future.result()
+                state.sync()
+                yield state
+        finally:
+            if bar is not None:
+                bar.close()
+
+
+def _resolve_backend(backend: Backend | None) -> Backend:
+    from sgl_lite.frontend import globals as g
+
+    backend = backend if backend is not None else g.get_default_backend()
+    return getattr(backend, "backend", backend)  # a Runtime wraps a backend

@@ -1,0 +1,66 @@
+"""Parameter layering for gen(): gen() arguments > run() defaults > global defaults.
+
+The result is SGLang's `sampling_params` dict (max_new_tokens, temperature, ...) plus the
+logprob options, with the chat template's stop strings added, as SGLang's interpreter does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sgl_lite.frontend import ir
+from sgl_lite.frontend.backends.base import GenRequest
+from sgl_lite.frontend.chat_template import ChatTemplate
+
+# SGLang's SglFunction.run() defaults; every run() keyword below can override one.
+GLOBAL_DEFAULTS: dict[str, Any] = {
+    "max_new_tokens": 128, "min_new_tokens": None, "stop": (), "stop_token_ids": (),
+    "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+    "frequency_penalty": 0.0, "presence_penalty": 0.0, "ignore_eos": False,
+    "return_logprob": False, "logprob_start_len": None, "top_logprobs_num": None,
+    "return_text_in_logprobs": None,
+}
+RUN_ARGS = tuple(GLOBAL_DEFAULTS)
+
+_GEN_TO_RUN = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+_LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num",
+                 "return_text_in_logprobs")
+_DTYPE_STOPS = (" ", "\n")
+
+
+def run_defaults(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The global defaults with the run() keywords that were given (not None) applied."""
+    merged = dict(GLOBAL_DEFAULTS)
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    return merged
+
+
+def resolve(args: ir.SamplingArgs, defaults: dict[str, Any], template: ChatTemplate) -> GenRequest:
+    """One gen()'s request: its own arguments over `defaults` (from `run_defaults`)."""
+    params = dict(defaults)
+    given = args.given()
+    for key, value in given.items():
+        params[_GEN_TO_RUN.get(key, key)] = value
+    dtype = params.pop("dtype", None)
+    params.pop("n", None)
+    stops = params.get("stop") or ()
+    stops = [stops] if isinstance(stops, str) else list(stops)
+    if dtype is not None:
+        from sgl_lite.backend.constrained.dtypes import dtype_to_regex
+
+        params["regex"] = dtype_to_regex(dtype)
+        if dtype is not str:
+            stops += [s for s in _DTYPE_STOPS if s not in stops]
+    stops += [s for s in template.stop_str if s not in stops]
+    params["stop"] = stops
+    params["stop_token_ids"] = list(params.get("stop_token_ids") or ())
+    logprob = {k: params.pop(k) for k in _LOGPROB_KEYS}
+    sampling = {k: v for k, v in params.items() if v is not None}
+    return GenRequest(
+        sampling_params=sampling,
+        return_logprob=bool(logprob["return_logprob"]),
+        logprob_start_len=-1 if logprob["logprob_start_len"] is None
+        else logprob["logprob_start_len"],
+        top_logprobs_num=logprob["top_logprobs_num"] or 0,
+        return_text_in_logprobs=bool(logprob["return_text_in_logprobs"]),
+    )
