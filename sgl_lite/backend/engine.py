@@ -92,7 +92,7 @@ class Engine:
         if stream:
             return self._stream(reqs, channel, batched)
         results = self._wait_all(reqs, channel)
-        return results if batched else results[0]
+        return results if batched or len(results) > 1 else results[0]
 
     async def async_generate(self, *args: Any, **kwargs: Any) -> Any:
         """`generate` for asyncio code; with stream=True an async iterator of chunks."""
@@ -236,7 +236,8 @@ class Engine:
 
                 req.guide = Guide(future.result())
             except Exception as exc:  # noqa: BLE001 - the message goes to that request only
-                self._finish(req, {"type": "abort", "message": str(exc)}, cache=False)
+                self._finish(req, {"type": "abort", "message": str(exc), "status_code": 400},
+                             cache=False)
 
     def step(self) -> list[Req] | None:
         """One scheduling step: schedule → forward → sample → process.

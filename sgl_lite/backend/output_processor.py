@@ -142,9 +142,10 @@ class OutputProcessor:
             "forced_tokens": req.forced_tokens,
         }
         if req.return_logprob:
-            meta["input_token_logprobs"] = req.input_token_logprobs
-            meta["output_token_logprobs"] = req.output_token_logprobs
+            # Copies: the loop thread keeps appending to the request's own lists.
+            meta["input_token_logprobs"] = list(req.input_token_logprobs)
+            meta["output_token_logprobs"] = list(req.output_token_logprobs)
             if req.top_logprobs_num > 0:
-                meta["input_top_logprobs"] = req.input_top_logprobs
-                meta["output_top_logprobs"] = req.output_top_logprobs
+                meta["input_top_logprobs"] = list(req.input_top_logprobs)
+                meta["output_top_logprobs"] = list(req.output_top_logprobs)
         return {"text": req.text, "output_ids": list(req.output_ids), "meta_info": meta}

@@ -72,13 +72,15 @@ class RequestBuilder:
             if logprob_start_len > len(ids):
                 raise ValueError(f"logprob_start_len {logprob_start_len} is past the prompt's "
                                  f"{len(ids)} tokens")
+            # SGLang: -1 with return_logprob means "from the last prompt token" (one entry).
+            start = logprob_start_len if logprob_start_len >= 0 else len(ids) - 1
             grammar = self._start_grammar(params)
             for i in range(params.n):
                 seed = params.sampling_seed
                 reqs.append(Req(
                     rid=(req_rid or new_rid()) + (f"-{i}" if params.n > 1 else ""),
                     input_ids=list(ids), sampling_params=params, return_logprob=return_logprob,
-                    logprob_start_len=logprob_start_len if return_logprob else -1,
+                    logprob_start_len=start if return_logprob else -1,
                     top_logprobs_num=top_logprobs_num,
                     return_text_in_logprobs=return_text_in_logprobs, stream=stream,
                     grammar_future=grammar,

@@ -17,9 +17,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from sgl_lite.backend.server.http_server import (
-    ApiError, EngineBridge, JsonResponse, Submission, first_chunk_or_error, parse, read_json, sse)
-from sgl_lite.backend.server.protocol import ChatCompletionRequest, CompletionRequest
+from sgl_lite.backend.server.http_server import EngineBridge, Submission, first_chunk_or_error, sse
+from sgl_lite.backend.server.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    JsonResponse,
+    parse,
+    read_json,
+)
 
 # Engine field names as OpenAI clients spell them, for the `param` of an error.
 _ALIASES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",

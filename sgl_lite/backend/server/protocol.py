@@ -1,4 +1,4 @@
-"""Wire models: the JSON bodies the server accepts, as pydantic models, and the error body.
+"""Wire models: the JSON bodies the server accepts (pydantic), the error body, and parsing.
 
 Only the shape of a request is checked here (types, ranges the wire format fixes). What a value
 means for generation (sampling ranges, prompt length, grammars) is the engine's to judge: its
@@ -7,9 +7,14 @@ ValueErrors name the field and arrive as the same 400 body.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 
 class _Wire(BaseModel):
@@ -136,8 +141,86 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: ResponseFormat | None = None
 
 
-# --- errors ------------------------------------------------------------------------------------
+# --- errors and parsing ------------------------------------------------------------------------
+class ApiError(Exception):
+    """An error answered with `error_body` and an HTTP status."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 type: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.type = type or {400: "BadRequestError", 401: "AuthenticationError",
+                             404: "NotFoundError", 413: "RequestTooLargeError"}.get(
+            status, "InternalServerError" if status >= 500 else "BadRequestError")
+
+    def response(self) -> JSONResponse:
+        return JsonResponse(error_body(self.message, type=self.type, param=self.param,
+                                       code=self.status), status_code=self.status)
+
+
+class JsonResponse(JSONResponse):
+    """JSON that allows -inf logprobs (Python's and most clients' parsers accept -Infinity)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+_FIELDS = ("input_ids", "text", "prompt", "sampling_params", "rid", "logprob_start_len",
+           "top_logprobs_num", "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k",
+           "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+           "stop_token_ids", "stop", "n", "sampling_seed", "regex", "json_schema", "messages")
+
+
+def field_in(message: str, aliases: dict[str, str] | None = None) -> str | None:
+    """The first request field a (engine) error message names, in the caller's own spelling."""
+    if message.startswith("unknown sampling param"):
+        return (aliases or {}).get("sampling_params", "sampling_params")
+    hits = [(m.start(), name) for name in _FIELDS
+            if (m := re.search(rf"(?<![\w.]){name}(?![\w])", message))]
+    if not hits:
+        return None
+    name = min(hits)[1]
+    return (aliases or {}).get(name, name)
+
+
 def error_body(message: str, *, type: str = "BadRequestError", param: str | None = None,
                code: int | str | None = 400) -> dict[str, Any]:
     """The error JSON every endpoint answers with: `{"error": {message, type, param, code}}`."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def validation_error(exc: ValidationError | RequestValidationError) -> ApiError:
+    """A pydantic error as a 400 that names the first offending field."""
+    err = exc.errors()[0]
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+    # NOTE: unions put the tried type in loc (e.g. text.str); keep the client's path only
+    loc = [p for p in loc if not re.fullmatch(r"[a-z]+\[.*\]|str|int|list|dict|bool", p)]
+    param = ".".join(loc) or None
+    return ApiError(400, f"{param or 'body'}: {err.get('msg', 'invalid value')}", param=param)
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request's JSON object; 413 past `limit` bytes, 400 if it is not a JSON object."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"request body of {length} bytes exceeds the {limit}-byte limit")
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise ApiError(413, f"request body exceeds the {limit}-byte limit")
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"malformed JSON body: {exc}", param="body") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the JSON body must be an object", param="body")
+    return data
+
+
+def parse(model: type[BaseModel], data: dict[str, Any]) -> Any:
+    """Validates `data` as `model`, raising a 400 ApiError that names the field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None

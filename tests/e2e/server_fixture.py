@@ -1,0 +1,101 @@
+"""Helpers for the server tests: a real uvicorn server on a free loopback port, in a thread.
+
+Each test module builds one Engine and serves it with `serve(create_app(engine, ...))`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from tests.conftest import NUM_THREADS
+
+
+def make_engine():
+    """The engine every server test module serves (small pool, test thread count)."""
+    from sgl_lite.backend.engine import Engine
+
+    return Engine(num_threads=NUM_THREADS, max_total_tokens=8192)
+
+
+def constrained_ready() -> bool:
+    """Whether regex / json_schema decoding is available in this checkout yet."""
+    try:
+        from sgl_lite.backend.constrained import GrammarCompiler, Guide  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+requires_constrained = pytest.mark.skipif(
+    not constrained_ready(), reason="sgl_lite.backend.constrained is not finished yet")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(app) -> Iterator[str]:
+    """Runs `app` under uvicorn on 127.0.0.1 in a daemon thread; yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(),
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def server_info(url: str, **headers: str) -> dict:
+    """GET /get_server_info."""
+    response = httpx.get(f"{url}/get_server_info", headers=headers, timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def wait_idle(url: str, timeout: float = 60) -> dict:
+    """Polls until no request is running or waiting; returns the last server info."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = server_info(url)
+        if info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0:
+            return info
+        if time.monotonic() > deadline:
+            raise AssertionError(f"server still busy after {timeout} s: {info}")
+        time.sleep(0.1)
+
+
+def flush(url: str) -> dict:
+    """Waits for idle, flushes the cache, and returns the server info after it."""
+    wait_idle(url)
+    response = httpx.post(f"{url}/flush_cache", timeout=30)
+    assert response.status_code == 200, response.text
+    return server_info(url)
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[dict | str]:
+    """Decodes `data:` lines of an SSE stream: dicts, then the final "[DONE]"."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:"):].strip()
+        yield data if data == "[DONE]" else json.loads(data)
