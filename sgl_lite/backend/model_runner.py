@@ -62,6 +62,11 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.hf_config = load_config(model_folder)
         model_max = getattr(self.hf_config, "max_position_embeddings", 2048)
+        # We attend over the whole sequence; a sliding-window model (Mistral) is exact only
+        # up to its window, so the window bounds the context.
+        window = getattr(self.hf_config, "sliding_window", None)
+        if getattr(self.hf_config, "use_sliding_window", True) and window:
+            model_max = min(model_max, window)
         self.context_length = min(config.context_length or model_max, model_max)
         with torch.device("meta"):  # no random init: every weight is loaded below
             model = LlamaForCausalLM(self.hf_config, self.context_length)
