@@ -62,7 +62,10 @@ class Sampler:
             if params.has_penalties:
                 _apply_penalties(row, req)
             if req.guide is not None:
-                row.masked_fill_(~req.guide.allowed_mask().to(row.device), float("-inf"))
+                allowed = req.guide.allowed_mask().to(row.device)
+                # Ids past the tokenizer's vocabulary (padding rows of the LM head) never fit.
+                row[: allowed.shape[0]].masked_fill_(~allowed, float("-inf"))
+                row[allowed.shape[0]:] = float("-inf")
             if self._blocks_stop(req):
                 stop_ids = [t for t in self.eos_token_ids | set(params.stop_token_ids)
                             if t < self.vocab_size]

@@ -1,0 +1,373 @@
+"""Regex / JSON Schema → compiled automaton index, cached and built off the caller's thread.
+
+`GrammarCompiler.validate` is the fast synchronous check done at submission; `submit` builds the
+outlines-core `Index` on a worker thread and shares one future per normalized regex among all
+requests. A `CompiledGrammar` is immutable apart from its memo caches (per-state masks, forced
+bytes) and knows nothing about requests; the per-request cursor is `guide.Guide`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import re._constants as sre_constants
+import re._parser as sre_parse
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Any, Literal
+
+import jsonschema
+import torch
+from outlines_core import Index
+from outlines_core.json_schema import build_regex_from_schema
+
+from sgl_lite.backend.constrained.vocab import TokenVocabulary, byte_vocabulary, vocabulary_for
+
+GrammarKind = Literal["regex", "json_schema"]
+
+# NOTE: JSON whitespace is bounded to one optional space: SmolLM2 writes `{"a": 1}` and a model
+# cannot loop on whitespace. Pretty-printed JSON (newlines + indentation) is not allowed.
+DEFAULT_WHITESPACE_PATTERN = r"[ ]?"
+DEFAULT_MASK_CACHE_STATES = 512
+
+
+class GrammarError(ValueError):
+    """A regex or JSON Schema that is invalid, unsupported, or too slow to compile."""
+
+
+class CompiledGrammar:
+    """A compiled regex over one tokenizer's vocabulary, shared by every request using it.
+
+    `index` is the token-level outlines-core Index; `byte_index` is the same regex over the
+    256 single bytes (for jump-forward). Both use the regex DFA's own state ids, so a state of
+    `index` is the same state in `byte_index` (checked in tests/unit/test_constrained_guide.py).
+    """
+
+    def __init__(
+        self,
+        regex: str,
+        index: Index,
+        byte_index: Index,
+        vocab: TokenVocabulary,
+        *,
+        mask_cache_states: int = DEFAULT_MASK_CACHE_STATES,
+    ) -> None:
+        self.regex = regex
+        self.index = index
+        self.byte_index = byte_index
+        self.vocab = vocab
+        self.eos_token_id = vocab.eos_token_id
+        self.vocab_size = vocab.size
+        self.initial_state: int = index.get_initial_state()
+        self.forced: dict[int, bytes] = {}  # state → forced continuation, see jump_forward
+        self._mask_cache_states = mask_cache_states
+        self._masks: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._num_allowed: dict[int, int] = {}  # state → allowed tokens other than eos
+        self._lock = threading.Lock()
+
+    def mask(self, state: int) -> torch.Tensor:
+        """Allowed tokens in `state` as a (vocab_size,) bool tensor; eos only where accepting.
+
+        Cached per state (LRU); callers must not write into it.
+        """
+        with self._lock:
+            hit = self._masks.get(state)
+            if hit is not None:
+                self._masks.move_to_end(state)
+                return hit
+        allowed = self.index.get_allowed_tokens(state) or []
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        if allowed:
+            mask[torch.tensor(allowed, dtype=torch.long)] = True
+        with self._lock:
+            self._num_allowed[state] = len(allowed) - int(self.eos_token_id in allowed)
+            self._masks[state] = mask
+            while len(self._masks) > self._mask_cache_states:
+                self._masks.popitem(last=False)
+        return mask
+
+    def num_allowed(self, state: int) -> int:
+        """How many tokens other than eos are allowed in `state`."""
+        n = self._num_allowed.get(state)
+        if n is None:
+            self.mask(state)
+            n = self._num_allowed[state]
+        return n
+
+    def next_state(self, state: int, token_id: int) -> int | None:
+        """The state after `token_id`, or None if the token is not allowed (eos included)."""
+        if token_id == self.eos_token_id:
+            return None
+        return self.index.get_next_state(state, token_id)
+
+    def is_accepting(self, state: int) -> bool:
+        """Whether the text so far is a full match (eos is allowed)."""
+        return bool(self.index.is_final_state(state))
+
+    def is_finished(self, state: int) -> bool:
+        """Whether nothing but eos can follow: the request stops without another forward."""
+        return self.num_allowed(state) == 0
+
+
+class GrammarCompiler:
+    """Validates and compiles regexes and JSON Schemas for one tokenizer; caches the results.
+
+    One compiler per engine. The cache is an LRU of `cache_size` compiled grammars keyed by
+    the normalized regex (so equal patterns share one grammar whatever their kind or spelling).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        whitespace_pattern: str | None = None,
+        timeout_s: float = 10.0,
+        cache_size: int = 64,
+        mask_cache_states: int = DEFAULT_MASK_CACHE_STATES,
+    ) -> None:
+        if timeout_s <= 0 or cache_size < 1:
+            raise ValueError(
+                f"need timeout_s > 0 and cache_size >= 1, got {timeout_s}, {cache_size}"
+            )
+        self.vocab = vocabulary_for(tokenizer)
+        self.whitespace_pattern = (
+            DEFAULT_WHITESPACE_PATTERN if whitespace_pattern is None else whitespace_pattern
+        )
+        self.timeout_s = timeout_s
+        self.cache_size = cache_size
+        self.mask_cache_states = mask_cache_states
+        self._cache: OrderedDict[str, Future[CompiledGrammar]] = OrderedDict()
+        self._validated: OrderedDict[tuple[str, str], str | GrammarError] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- validation: synchronous, fast ---------------------------------------------------
+
+    def validate(self, kind: str, pattern: str | dict) -> str:
+        """Checks a pattern and returns the regex that will be compiled.
+
+        Raises GrammarError naming the problem (bad regex, bad JSON, bad or unsupported schema).
+        """
+        try:
+            key = (kind, pattern if isinstance(pattern, str) else _dumps(pattern))
+        except (TypeError, ValueError) as exc:
+            raise GrammarError(f"{kind} pattern cannot be serialized: {exc}") from None
+        with self._lock:
+            hit = self._validated.get(key)
+        if hit is None:
+            try:
+                hit = self._to_regex(kind, pattern)
+            except GrammarError as exc:
+                hit = exc
+            with self._lock:
+                self._validated[key] = hit
+                while len(self._validated) > 4 * self.cache_size:
+                    self._validated.popitem(last=False)
+        if isinstance(hit, GrammarError):
+            raise GrammarError(str(hit))
+        return hit
+
+    def _to_regex(self, kind: str, pattern: str | dict) -> str:
+        if kind == "regex":
+            if not isinstance(pattern, str):
+                raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
+            check_regex(pattern, what="regex")
+            return digits_to_ascii(pattern)
+        if kind == "json_schema":
+            return digits_to_ascii(self._schema_to_regex(pattern))
+        raise GrammarError(f"grammar kind must be 'regex' or 'json_schema', got {kind!r}")
+
+    def _schema_to_regex(self, pattern: str | dict) -> str:
+        if isinstance(pattern, str):
+            try:
+                schema = json.loads(pattern)
+            except json.JSONDecodeError as exc:
+                raise GrammarError(f"json_schema is not valid JSON: {exc}") from None
+        else:
+            schema = pattern
+        if not isinstance(schema, dict):
+            raise GrammarError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.exceptions.SchemaError as exc:
+            where = "/".join(str(p) for p in exc.path) or "the root"
+            raise GrammarError(
+                f"json_schema is not a valid JSON Schema at {where}: {exc.message}"
+            ) from None
+        for regex in _string_patterns(schema):
+            check_regex(regex, what="json_schema pattern")
+        try:
+            return build_regex_from_schema(
+                _dumps(schema), whitespace_pattern=self.whitespace_pattern
+            )
+        except Exception as exc:  # noqa: BLE001 - outlines-core raises ValueError/others
+            raise GrammarError(f"json_schema is not supported: {exc}") from None
+
+    # -- compilation: off the caller's thread, cached ------------------------------------
+
+    def submit(self, kind: str, pattern: str | dict) -> Future[CompiledGrammar]:
+        """A future of the compiled grammar; never blocks on a build and never raises.
+
+        Invalid patterns give an already-failed future (call `validate` to fail fast at
+        submission). A build longer than `timeout_s` fails the future with GrammarError.
+        NOTE: a timed-out build cannot be stopped; it keeps running on its daemon thread and
+        later submissions of the same pattern get the same failed future until it ends; then
+        its late result (success or failure) replaces the cache entry.
+        """
+        try:
+            regex = self.validate(kind, pattern)
+        except GrammarError as exc:
+            failed: Future[CompiledGrammar] = Future()
+            failed.set_exception(exc)
+            return failed
+        with self._lock:
+            hit = self._cache.get(regex)
+            if hit is not None:
+                self._cache.move_to_end(regex)
+                return hit
+            future: Future[CompiledGrammar] = Future()
+            future.set_running_or_notify_cancel()  # NOTE: shared, so no caller can cancel it
+            self._put(regex, future)
+        timer = threading.Timer(self.timeout_s, self._expire, args=(kind, future))
+        timer.daemon = True
+        worker = threading.Thread(
+            target=self._build, args=(regex, future, timer), name="grammar-compile", daemon=True
+        )
+        timer.start()
+        worker.start()
+        return future
+
+    def compile(self, kind: str, pattern: str | dict) -> CompiledGrammar:
+        """Blocking `submit(...).result()`: same cache, same timeout; raises GrammarError."""
+        return self.submit(kind, pattern).result()
+
+    def _build(self, regex: str, future: Future[CompiledGrammar], timer: threading.Timer) -> None:
+        try:
+            outcome: CompiledGrammar | GrammarError = self._build_grammar(regex)
+        except GrammarError as exc:
+            outcome = exc
+        except Exception as exc:  # noqa: BLE001 - outlines-core's errors are plain ValueErrors
+            outcome = GrammarError(f"cannot compile the pattern into an automaton: {exc}")
+        timer.cancel()
+        with self._lock:
+            if not future.done():
+                target = future
+            elif self._cache.get(regex) is future:  # timed out earlier: keep the late result
+                target = Future()
+                target.set_running_or_notify_cancel()
+                self._put(regex, target)
+            else:
+                return
+            if isinstance(outcome, GrammarError):
+                target.set_exception(outcome)
+            else:
+                target.set_result(outcome)
+
+    def _build_grammar(self, regex: str) -> CompiledGrammar:
+        index = Index(regex, self.vocab.index_vocab)
+        byte_index = Index(regex, byte_vocabulary())
+        grammar = CompiledGrammar(
+            regex, index, byte_index, self.vocab, mask_cache_states=self.mask_cache_states
+        )
+        start = grammar.initial_state
+        if grammar.num_allowed(start) == 0 and not grammar.is_accepting(start):
+            raise GrammarError("the pattern matches no text this tokenizer can produce")
+        return grammar
+
+    def _expire(self, kind: str, future: Future[CompiledGrammar]) -> None:
+        with self._lock:
+            if not future.done():
+                future.set_exception(
+                    GrammarError(
+                        f"{kind} compile timed out after {self.timeout_s} s; simplify the pattern "
+                        "(long maxLength strings, the any-JSON schema {} and deep nesting are slow)"
+                    )
+                )
+
+    def _put(self, regex: str, future: Future[CompiledGrammar]) -> None:
+        self._cache[regex] = future
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+
+def _dumps(schema: Any) -> str:
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+
+
+def _string_patterns(node: Any) -> list[str]:
+    """Every `pattern` keyword with a string value in a schema (property names excluded)."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "pattern" and isinstance(v, str):
+                found.append(v)
+            else:
+                found.extend(_string_patterns(v))
+    elif isinstance(node, list):
+        for v in node:
+            found.extend(_string_patterns(v))
+    return found
+
+
+_UNSUPPORTED = {
+    sre_constants.GROUPREF: "a backreference",
+    sre_constants.GROUPREF_EXISTS: "a conditional group",
+    sre_constants.ASSERT: "a lookahead/lookbehind",
+    sre_constants.ASSERT_NOT: "a negative lookahead/lookbehind",
+}
+_BOUNDARIES = {sre_constants.AT_BOUNDARY, sre_constants.AT_NON_BOUNDARY}
+
+
+def check_regex(pattern: str, *, what: str) -> None:
+    """Raises GrammarError if `pattern` is not a regex a finite automaton can match."""
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error as exc:
+        raise GrammarError(f"invalid {what} {pattern!r}: {exc}") from None
+    stack: list[Any] = [parsed]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, sre_parse.SubPattern):
+            stack.extend(node.data)
+        elif isinstance(node, (list, tuple)):
+            if len(node) == 2 and node[0] in _UNSUPPORTED:
+                raise GrammarError(
+                    f"invalid {what} {pattern!r}: {_UNSUPPORTED[node[0]]} cannot be compiled "
+                    "to a finite automaton"
+                )
+            if len(node) == 2 and node[0] == sre_constants.AT and node[1] in _BOUNDARIES:
+                raise GrammarError(f"invalid {what} {pattern!r}: word boundaries are not supported")
+            stack.extend(x for x in node if isinstance(x, (list, tuple, sre_parse.SubPattern)))
+
+
+def digits_to_ascii(regex: str) -> str:
+    r"""Rewrites `\d` as ASCII digits (outlines-core's `\d` is Unicode and bloats the automaton)."""
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\" and i + 1 < len(regex):
+            nxt = regex[i + 1]
+            if nxt == "d":
+                out.append("0-9" if in_class else "[0-9]")
+            else:
+                out.append(c + nxt)
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+            out.append(c)
+            if regex[i + 1 : i + 2] == "^":
+                out.append("^")
+                i += 1
+            if regex[i + 1 : i + 2] == "]":  # a literal ] first in a class
+                out.append("]")
+                i += 1
+        elif c == "]" and in_class:
+            in_class = False
+            out.append(c)
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)

@@ -1,0 +1,74 @@
+"""Validation errors, normalization, the shared cache, and dtype regexes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sgl_lite.backend.constrained import GrammarError, dtype_to_regex
+from sgl_lite.backend.constrained.compiler import DEFAULT_WHITESPACE_PATTERN, digits_to_ascii
+from tests.unit.test_constrained_support import shared_compiler
+
+
+@pytest.mark.parametrize(
+    ("kind", "pattern", "message"),
+    [
+        ("regex", "[a-z", "invalid regex.*unterminated character set"),
+        ("regex", "(a", "invalid regex.*missing \\)"),
+        ("regex", r"(a)\1", "backreference"),
+        ("regex", r"(?=a)a", "lookahead"),
+        ("regex", r"\bword", "word boundaries"),
+        ("regex", 42, "must be a string"),
+        ("json_schema", '{"type": "object",', "not valid JSON"),
+        ("json_schema", "[1, 2]", "must be a JSON object"),
+        ("json_schema", {"type": "nonsense"}, "not a valid JSON Schema"),
+        (
+            "json_schema",
+            {"type": "object", "required": "name"},
+            "not a valid JSON Schema at required",
+        ),
+        ("json_schema", {"not": {"type": "string"}}, "not supported"),
+        ("json_schema", {"type": "string", "format": "hostname"}, "not supported.*hostname"),
+        ("json_schema", {"type": "string", "pattern": "(?<=x)y"}, "json_schema pattern.*lookahead"),
+        ("grammar", "x", "must be 'regex' or 'json_schema'"),
+    ],
+)
+def test_invalid_patterns_raise_grammar_error_naming_the_problem(kind, pattern, message) -> None:
+    compiler = shared_compiler()
+    with pytest.raises(GrammarError, match=message):
+        compiler.validate(kind, pattern)
+    future = compiler.submit(kind, pattern)  # never raises: the error comes out of the future
+    with pytest.raises(GrammarError, match=message):
+        future.result(timeout=1)
+
+
+def test_schema_as_string_or_dict_gives_the_same_bounded_whitespace_regex() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    compiler = shared_compiler()
+    regex = compiler.validate("json_schema", schema)
+    assert regex == compiler.validate("json_schema", json.dumps(schema))
+    assert DEFAULT_WHITESPACE_PATTERN in regex and r"\d" not in regex
+
+
+def test_digits_are_rewritten_as_ascii_inside_and_outside_classes() -> None:
+    assert digits_to_ascii(r"\d+[\d.]x\\d[^\d]") == r"[0-9]+[0-9.]x\\d[^0-9]"
+    assert digits_to_ascii(r"[]\d]") == r"[]0-9]"
+
+
+def test_equal_patterns_share_one_compiled_grammar() -> None:
+    compiler = shared_compiler()
+    a = compiler.submit("regex", r"[0-9]{2}x")
+    b = compiler.submit("regex", r"\d{2}x")  # normalizes to the same regex
+    assert a is b
+    grammar = compiler.compile("regex", r"[0-9]{2}x")
+    assert grammar is a.result() and grammar.vocab_size == 49152
+
+
+def test_dtype_regexes_match_sglang() -> None:
+    assert dtype_to_regex(int) == dtype_to_regex("int") == r"[-+]?[0-9]+"
+    assert dtype_to_regex(float) == r"[-+]?[0-9]*\.?[0-9]+"
+    assert dtype_to_regex("bool") == r"(True|False)"
+    assert dtype_to_regex(str) == r"\"[\w\d\s]*\""
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        dtype_to_regex(list)
