@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 
 import httpx
-import pytest
 import uvicorn
 
 from tests.conftest import NUM_THREADS
@@ -24,19 +23,6 @@ def make_engine():
     from sgl_lite.backend.engine import Engine
 
     return Engine(num_threads=NUM_THREADS, max_total_tokens=8192)
-
-
-def constrained_ready() -> bool:
-    """Whether regex / json_schema decoding is available in this checkout yet."""
-    try:
-        from sgl_lite.backend.constrained import GrammarCompiler, Guide  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-requires_constrained = pytest.mark.skipif(
-    not constrained_ready(), reason="sgl_lite.backend.constrained is not finished yet")
 
 
 def _free_port() -> int:

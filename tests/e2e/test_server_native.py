@@ -201,15 +201,12 @@ def _bad_inputs() -> list[tuple[str, object, int, str | None]]:
                                   "temperature": 3}, 400, "temperature"),
         ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "a"}]}, 400,
          "messages.0.role"),
+        ("/generate", {"text": "a", "sampling_params": {"regex": "(unclosed"}}, 400, "regex"),
+        ("/generate", {"text": "a", "sampling_params": {"json_schema": "{not json"}}, 400,
+         "json_schema"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}],
+                                  "regex": "[a-"}, 400, "regex"),
     ]
-    if fx.constrained_ready():
-        cases += [
-            ("/generate", {"text": "a", "sampling_params": {"regex": "(unclosed"}}, 400, "regex"),
-            ("/generate", {"text": "a", "sampling_params": {"json_schema": "{not json"}}, 400,
-             "json_schema"),
-            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}],
-                                      "regex": "[a-"}, 400, "regex"),
-        ]
     return cases
 
 
@@ -281,11 +278,10 @@ def test_metrics_count_requests_tokens_and_latency(url):
 
 def test_64_concurrent_mixed_requests_complete_and_the_pool_returns(url, engine):
     before = flush(url)
-    constrained = fx.constrained_ready()
 
     async def one(client: httpx.AsyncClient, i: int) -> str:
         params = {"temperature": 0, "max_new_tokens": 6}
-        if i % 4 == 3 and constrained:
+        if i % 4 == 3:
             params["regex"] = r"[0-9]{1,4}"
         text = f"Request number {i}: the answer is"
         if i % 4 == 1:  # streaming
@@ -320,7 +316,6 @@ def test_64_concurrent_mixed_requests_complete_and_the_pool_returns(url, engine)
     engine.check_integrity()
 
 
-@fx.requires_constrained
 def test_regex_and_json_schema_constrain_native_output(url):
     out = post(url, "/generate", {"text": "My favourite number is ", "sampling_params": {
         "temperature": 0, "max_new_tokens": 8, "regex": r"[0-9]{1,3}"}}).json()

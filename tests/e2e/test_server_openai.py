@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from sgl_lite.backend.server import create_app
-from tests.e2e.server_fixture import flush, make_engine, requires_constrained, serve
+from tests.e2e.server_fixture import flush, make_engine, serve
 
 pytestmark = pytest.mark.e2e
 SERVED = "smollm2"
@@ -118,7 +118,6 @@ def test_errors_have_openai_shape(client):
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
-@requires_constrained
 def test_response_format_json_schema_output_validates(client):
     schema = {"type": "object", "properties": {
         "name": {"type": "string", "maxLength": 12},
@@ -132,7 +131,6 @@ def test_response_format_json_schema_output_validates(client):
     jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
 
 
-@requires_constrained
 def test_response_format_json_object_and_regex_extension(client):
     reply = client.chat.completions.create(
         model=SERVED, messages=ask("Give me a JSON object about a cat."), max_tokens=48,

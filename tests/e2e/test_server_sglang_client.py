@@ -11,7 +11,7 @@ import pytest
 import sglang as sgl  # installed by `make setup` (see above)
 
 from sgl_lite.backend.server import create_app
-from tests.e2e.server_fixture import flush, make_engine, requires_constrained, serve, wait_idle
+from tests.e2e.server_fixture import flush, make_engine, serve, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -86,7 +86,6 @@ def test_flush_cache_and_server_info(backend, engine):
     engine.check_integrity()
 
 
-@requires_constrained
 def test_regex_and_int_dtype_constrain_the_answer(backend):
     @sgl.function
     def number(s):

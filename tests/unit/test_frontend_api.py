@@ -43,7 +43,8 @@ def test_sampling_layers_gen_over_run_over_global_and_adds_template_stop():
 
 
 def test_dtype_becomes_a_regex():
-    dtypes = pytest.importorskip("sgl_lite.backend.constrained.dtypes")
+    from sgl_lite.backend.constrained import dtypes
+
     req = sampling.resolve(sgl.gen_int("n").sampling, sampling.run_defaults({}),
                            get_chat_template("default"))
     assert req.sampling_params["regex"] == dtypes.dtype_to_regex(int)
