@@ -6,8 +6,11 @@ import sgl_lite as sgl
 
 SCHEMA = {
     "type": "object",
-    "properties": {"product": {"type": "string"}, "price": {"type": "number"},
-                   "in_stock": {"type": "boolean"}},
+    "properties": {
+        "product": {"type": "string"},
+        "price": {"type": "number"},
+        "in_stock": {"type": "boolean"},
+    },
     "required": ["product", "price", "in_stock"],
 }
 
@@ -22,8 +25,10 @@ def extract(s, text):
 
 def main():
     runtime = sgl.Runtime()
-    texts = ["The blue kettle costs $24.99 and ships today.",
-             "Sold out: the walnut desk lamp, was 59 euros."]
+    texts = [
+        "The blue kettle costs $24.99 and ships today.",
+        "Sold out: the walnut desk lamp, was 59 euros.",
+    ]
     for state in extract.run_batch([{"text": t} for t in texts], backend=runtime):
         print(json.loads(state["item"]), "| words:", state["words"])
     runtime.shutdown()

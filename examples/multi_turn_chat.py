@@ -13,8 +13,11 @@ def chat(s, questions):
 
 def main():
     runtime = sgl.Runtime()
-    questions = ["What is the largest planet?", "How many moons does it have?",
-                 "Which one is the biggest?"]
+    questions = [
+        "What is the largest planet?",
+        "How many moons does it have?",
+        "Which one is the biggest?",
+    ]
     state = chat.run(questions=questions, backend=runtime)
     for m in state.messages():
         print(f"{m['role']:>9}: {m['content']}")

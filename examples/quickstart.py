@@ -18,12 +18,17 @@ def pipeline(s, topic):
     s += sgl.assistant(sgl.gen("question", max_tokens=48, temperature=0))
 
 
-PERSON_SCHEMA = json.dumps({
-    "type": "object",
-    "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                   "city": {"type": "string"}},
-    "required": ["name", "age", "city"],
-})
+PERSON_SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "city": {"type": "string"},
+        },
+        "required": ["name", "age", "city"],
+    }
+)
 
 
 @sgl.function
@@ -60,10 +65,12 @@ def main():
     print(cache_line())
 
     print("== select evaluation ==")
-    reviews = [("I loved every minute of it.", "positive"),
-               ("Terrible service, never again.", "negative"),
-               ("Great value and friendly staff.", "positive"),
-               ("The food was cold and bland.", "negative")]
+    reviews = [
+        ("I loved every minute of it.", "positive"),
+        ("Terrible service, never again.", "negative"),
+        ("Great value and friendly staff.", "positive"),
+        ("The food was cold and bland.", "negative"),
+    ]
     states = classify.run_batch([{"review": r} for r, _ in reviews], progress_bar=True)
     correct = sum(s["label"] == gold for s, (_, gold) in zip(states, reviews))
     for s, (r, gold) in zip(states, reviews):

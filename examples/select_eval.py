@@ -18,13 +18,17 @@ def answer(s, question, choices, method):
 
 def main():
     runtime = sgl.Runtime()
-    for method in (sgl.token_length_normalized, sgl.greedy_token_selection,
-                   sgl.unconditional_likelihood_normalized):
+    for method in (
+        sgl.token_length_normalized,
+        sgl.greedy_token_selection,
+        sgl.unconditional_likelihood_normalized,
+    ):
         batch = [{"question": q, "choices": c, "method": method} for q, c, _ in QUESTIONS]
         states = answer.run_batch(batch, backend=runtime)
         correct = sum(s["choice"] == gold for s, (_, _, gold) in zip(states, QUESTIONS))
-        print(f"{method.name:38s} accuracy {correct}/{len(QUESTIONS)}",
-              [s["choice"] for s in states])
+        print(
+            f"{method.name:38s} accuracy {correct}/{len(QUESTIONS)}", [s["choice"] for s in states]
+        )
     print("cache hit rate", runtime.get_server_info().get("cache_hit_rate"))
     runtime.shutdown()
 

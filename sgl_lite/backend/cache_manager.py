@@ -49,7 +49,7 @@ class CacheManager:
         ids = req.fill_ids[: req.kv_len]
         already = self.tree.insert(ids, req.slot_ids)
         # Slots the tree already had for [prefix_len, already) are duplicates: ours go back.
-        self.pool.free(req.slot_ids[req.prefix_len:already])
+        self.pool.free(req.slot_ids[req.prefix_len : already])
         old = req.last_node
         result = self.tree.match_prefix(ids)
         self.tree.lock(result.node)
@@ -64,7 +64,7 @@ class CacheManager:
         else:
             ids = req.fill_ids[: req.kv_len]
             already = self.tree.insert(ids, req.slot_ids)
-            self.pool.free(req.slot_ids[req.prefix_len:already])
+            self.pool.free(req.slot_ids[req.prefix_len : already])
             if req.last_node is not None:
                 self.tree.unlock(req.last_node)
         self._forget(req)

@@ -56,8 +56,11 @@ class EngineConfig:
                 f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, "
                 f"got {self.grammar_backend!r}"
             )
-        for name, low in (("max_total_tokens", 16), ("max_running_requests", 1),
-                          ("chunked_prefill_size", 1)):
+        for name, low in (
+            ("max_total_tokens", 16),
+            ("max_running_requests", 1),
+            ("chunked_prefill_size", 1),
+        ):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.num_threads is not None and self.num_threads < 1:

@@ -49,8 +49,9 @@ class Engine:
         self.scheduler = Scheduler(self.config, self.cache)
         eos = self._eos_token_ids()
         self.sampler = Sampler(eos, self.runner.vocab_size)
-        self.outputs = OutputProcessor(self.tokenizer, eos, self.cache,
-                                       jump_forward=not self.config.disable_jump_forward)
+        self.outputs = OutputProcessor(
+            self.tokenizer, eos, self.cache, jump_forward=not self.config.disable_jump_forward
+        )
         self.builder = RequestBuilder(self.config, self.tokenizer, self.runner, eos)
         self.forward_passes = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -61,9 +62,15 @@ class Engine:
         self._thread.start()
         logger.info(
             "sgl_lite engine: model=%s device=%s dtype=%s threads=%d kv_pool=%d tokens (%.1f MB) "
-            "max_running_requests=%d", folder, self.config.device, self.config.dtype,
-            torch.get_num_threads(), self.runner.pool.num_slots, self.runner.pool.nbytes / 2**20,
-            self.config.max_running_requests)
+            "max_running_requests=%d",
+            folder,
+            self.config.device,
+            self.config.dtype,
+            torch.get_num_threads(),
+            self.runner.pool.num_slots,
+            self.runner.pool.nbytes / 2**20,
+            self.config.max_running_requests,
+        )
 
     def _eos_token_ids(self) -> set[int]:
         ids = getattr(self.runner.hf_config, "eos_token_id", None)
@@ -73,21 +80,33 @@ class Engine:
         return ids
 
     # --- public API ---------------------------------------------------------------------
-    def generate(self, prompt: str | list[str] | None = None,
-                 sampling_params: dict | list[dict] | None = None,
-                 input_ids: list[int] | list[list[int]] | None = None, return_logprob: bool = False,
-                 logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                 return_text_in_logprobs: bool = False, stream: bool = False,
-                 rid: str | list[str] | None = None) -> Any:
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+    ) -> Any:
         """Generates for one prompt (→ dict) or a list (→ list of dicts, one per prompt × n).
 
         With `stream=True` returns an iterator of result dicts with the cumulative text so far.
         """
         reqs, batched = self.builder.build(
-            prompt=prompt, input_ids=input_ids, sampling_params=sampling_params,
-            return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-            stream=stream, rid=rid)
+            prompt=prompt,
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+            stream=stream,
+            rid=rid,
+        )
         channel = self._submit(reqs)
         if stream:
             return self._stream(reqs, channel, batched)
@@ -186,11 +205,12 @@ class Engine:
             self._poll_grammars()
             try:
                 idle = self.step() is None
-            except Exception as exc:  # noqa: BLE001 - a bug in one batch must not kill the engine
+            except Exception as exc:
                 logger.exception("engine step failed; aborting the running requests")
                 for req in list(self.scheduler.running):
-                    self._finish(req, {"type": "abort", "message": f"engine error: {exc}"},
-                                 cache=False)
+                    self._finish(
+                        req, {"type": "abort", "message": f"engine error: {exc}"}, cache=False
+                    )
         for req in list(self._reqs.values()):
             self._finish(req, {"type": "abort", "message": "engine shut down"}, cache=False)
 
@@ -221,7 +241,7 @@ class Engine:
             fn, reply = payload
             try:
                 reply.put((True, fn()))
-            except Exception as exc:  # noqa: BLE001 - handed back to the caller
+            except Exception as exc:
                 reply.put((False, exc))
         elif kind == "stop":
             self._stopped = True
@@ -235,9 +255,10 @@ class Engine:
                 from sgl_lite.backend.constrained import Guide
 
                 req.guide = Guide(future.result())
-            except Exception as exc:  # noqa: BLE001 - the message goes to that request only
-                self._finish(req, {"type": "abort", "message": str(exc), "status_code": 400},
-                             cache=False)
+            except Exception as exc:
+                self._finish(
+                    req, {"type": "abort", "message": str(exc), "status_code": 400}, cache=False
+                )
 
     def step(self) -> list[Req] | None:
         """One scheduling step: schedule → forward → sample → process.
@@ -274,8 +295,11 @@ class Engine:
             result = self.sampler.sample(last.cpu(), reqs)
             for j, req in enumerate(reqs):
                 self.outputs.append_token(
-                    req, result.token_ids[j], result.logprobs[j] if result.logprobs else None,
-                    result.top_logprobs[j] if result.top_logprobs else None)
+                    req,
+                    result.token_ids[j],
+                    result.logprobs[j] if result.logprobs else None,
+                    result.top_logprobs[j] if result.top_logprobs else None,
+                )
         finished = []
         for req, sampled in zip(batch.reqs, completes):
             if req.finish_reason is not None:

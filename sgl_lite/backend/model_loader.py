@@ -62,7 +62,11 @@ def resolve_model_path(model_path: str | os.PathLike | None) -> Path:
         if not (path / "config.json").exists():
             raise ModelLoadError(f"model folder {path} has no config.json")
         return path
-    if path.exists() or str(model_path).startswith((".", "/", "~")) or str(model_path).count("/") != 1:
+    if (
+        path.exists()
+        or str(model_path).startswith((".", "/", "~"))
+        or str(model_path).count("/") != 1
+    ):
         raise ModelLoadError(
             f"model path {model_path!r} does not exist; pass a Hugging Face model folder, "
             "a .gguf file, a hub id like 'org/name', or 'default' for the embedded SmolLM2"
@@ -77,7 +81,7 @@ def _download_from_hub(repo_id: str) -> Path:
         folder = snapshot_download(
             repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]
         )
-    except Exception as exc:  # noqa: BLE001 - any hub failure means the same thing to the user
+    except Exception as exc:
         raise ModelLoadError(f"could not fetch {repo_id!r} from the hub: {exc}") from exc
     return Path(folder)
 

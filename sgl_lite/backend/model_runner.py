@@ -70,8 +70,9 @@ class ModelRunner:
         self.context_length = min(config.context_length or model_max, model_max)
         with torch.device("meta"):  # no random init: every weight is loaded below
             model = LlamaForCausalLM(self.hf_config, self.context_length)
-        model.rope = RotaryEmbedding(self.hf_config, head_dim_of(self.hf_config),
-                                     self.context_length)
+        model.rope = RotaryEmbedding(
+            self.hf_config, head_dim_of(self.hf_config), self.context_length
+        )
         model.load_hf_state_dict(load_state_dict(model_folder))
         self.model = model.to(device=self.device, dtype=config.torch_dtype).eval()
         self.model.rope.to(torch.float32)  # position tables stay exact whatever the weight dtype
@@ -88,7 +89,8 @@ class ModelRunner:
     def forward(self, segments: list[Segment]) -> ForwardOutput:
         """Runs one pass over all segments; returns the requested logits rows of all of them."""
         input_ids = torch.tensor(
-            [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device)
+            [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device
+        )
         meta = self._metadata(segments)
         hidden = self.model(input_ids, meta, self.pool)  # (T, hidden)
         rows: list[int] = []
@@ -115,7 +117,7 @@ class ModelRunner:
         kv_slots = torch.zeros(batch, max_k, dtype=torch.long)
         for b, seg in enumerate(segments):
             kv_slots[b, : seg.end] = seg.kv_slots
-        out_slots = torch.cat([s.kv_slots[s.start:] for s in segments])
+        out_slots = torch.cat([s.kv_slots[s.start :] for s in segments])
         # A query sees keys at positions <= its own; keys past a row's length are padding.
         mask = torch.arange(max_k)[None, None, :] <= q_pos[:, :, None]  # (B, Q, K)
         # Padding query rows attend to key 0 only, so softmax never sees an all-masked row.
@@ -125,8 +127,13 @@ class ModelRunner:
         positions = positions.to(dev)
         cos, sin = self.model.rope.tables(positions, self.model.embed_tokens.weight.dtype)
         return AttentionMetadata(
-            positions=positions, cos=cos, sin=sin, out_slots=out_slots.to(dev),
-            q_index=q_index.to(dev), q_valid=q_valid.to(dev),
+            positions=positions,
+            cos=cos,
+            sin=sin,
+            out_slots=out_slots.to(dev),
+            q_index=q_index.to(dev),
+            q_valid=q_valid.to(dev),
             q_flat=q_valid.flatten().nonzero().squeeze(1).to(dev),
-            kv_slots=kv_slots.to(dev), mask=mask[:, None].to(dev),
+            kv_slots=kv_slots.to(dev),
+            mask=mask[:, None].to(dev),
         )

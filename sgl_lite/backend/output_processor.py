@@ -20,16 +20,22 @@ from sgl_lite.backend.request import Req
 class OutputProcessor:
     """Per-token bookkeeping after each forward pass."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: set[int],
-                 cache: CacheManager, jump_forward: bool) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        eos_token_ids: set[int],
+        cache: CacheManager,
+        jump_forward: bool,
+    ) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.cache = cache
         self.jump_forward = jump_forward
 
     # --- logprobs -----------------------------------------------------------------------
-    def record_input_logprobs(self, req: Req, start: int, logits: torch.Tensor | None,
-                              top_k: int) -> None:
+    def record_input_logprobs(
+        self, req: Req, start: int, logits: torch.Tensor | None, top_k: int
+    ) -> None:
         """Input-token logprobs from the logits rows of positions start.. (row p predicts p+1)."""
         if not req.needs_input_logprobs:
             return
@@ -47,10 +53,14 @@ class OutputProcessor:
                 tops = logprobs.topk(top_k, dim=-1) if top_k > 0 else None
                 for j, i in enumerate(wanted):
                     token = ids[positions[i] + 1]
-                    req.input_token_logprobs.append([chosen[j], token, self._token_text(req, token)])
+                    req.input_token_logprobs.append(
+                        [chosen[j], token, self._token_text(req, token)]
+                    )
                     req.input_top_logprobs.append(
                         self._top_entries(req, tops.values[j].tolist(), tops.indices[j].tolist())
-                        if tops is not None else None)
+                        if tops is not None
+                        else None
+                    )
         if start + (0 if logits is None else logits.shape[0]) >= len(ids) - 1 or first >= len(ids):
             req.input_logprobs_done = True
 
@@ -61,8 +71,9 @@ class OutputProcessor:
         return [[v, t, self._token_text(req, t)] for v, t in zip(values, ids)]
 
     # --- a sampled token ----------------------------------------------------------------
-    def append_token(self, req: Req, token: int, logprob: float | None,
-                     top: list[tuple[float, int]] | None) -> None:
+    def append_token(
+        self, req: Req, token: int, logprob: float | None, top: list[tuple[float, int]] | None
+    ) -> None:
         """Adds one sampled token to `req` and sets `finish_reason` if it ended the request."""
         params = req.sampling_params
         if req.first_token_at is None:
@@ -73,10 +84,9 @@ class OutputProcessor:
             if req.top_logprobs_num > 0 and top is not None:
                 pairs = top[: req.top_logprobs_num]
                 req.output_top_logprobs.append(
-                    self._top_entries(req, [v for v, _ in pairs], [t for _, t in pairs]))
-        if token in self.eos_token_ids and not params.ignore_eos:
-            self._set_finished(req, {"type": "stop", "matched": token})
-        elif token in params.stop_token_ids:
+                    self._top_entries(req, [v for v, _ in pairs], [t for _, t in pairs])
+                )
+        if token in self.eos_token_ids and not params.ignore_eos or token in params.stop_token_ids:
             self._set_finished(req, {"type": "stop", "matched": token})
         elif req.guide is not None:
             req.guide.advance(token)
@@ -99,7 +109,7 @@ class OutputProcessor:
         before = len(req.output_ids)
         if not apply_jump_forward(req.guide, plan):
             return
-        req.output_ids[plan.keep:] = plan.new_ids
+        req.output_ids[plan.keep :] = plan.new_ids
         req.forced_tokens += len(req.output_ids) - before
         if req.guide.is_finished():
             self._set_finished(req, {"type": "stop", "matched": None})
@@ -107,7 +117,7 @@ class OutputProcessor:
     def _check_length_and_stop_strings(self, req: Req) -> None:
         params = req.sampling_params
         if req.finish_reason is None and len(req.output_ids) >= params.max_new_tokens:
-            del req.output_ids[params.max_new_tokens:]
+            del req.output_ids[params.max_new_tokens :]
             self._set_finished(req, {"type": "length", "length": params.max_new_tokens})
         req.text = self.decode(req)
         if params.stop and (req.finish_reason is None or req.finish_reason["type"] == "length"):
@@ -120,7 +130,8 @@ class OutputProcessor:
     def decode(self, req: Req) -> str:
         """The output text, without a trailing partial UTF-8 character."""
         text = self.tokenizer.decode(
-            req.output_ids, skip_special_tokens=req.sampling_params.skip_special_tokens)
+            req.output_ids, skip_special_tokens=req.sampling_params.skip_special_tokens
+        )
         return text[:-1] if text.endswith("\ufffd") and not req.finish_reason else text
 
     @staticmethod

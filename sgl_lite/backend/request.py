@@ -87,7 +87,7 @@ class Req:
     @property
     def owned_slots(self) -> torch.Tensor:
         """Slots this request owns (not held by the tree)."""
-        return self.slot_ids[self.prefix_len:]
+        return self.slot_ids[self.prefix_len :]
 
     @property
     def needs_input_logprobs(self) -> bool:

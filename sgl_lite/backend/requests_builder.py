@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -29,8 +28,13 @@ def new_rid() -> str:
 class RequestBuilder:
     """Validation of inputs and construction of requests (with grammar compile started)."""
 
-    def __init__(self, config: EngineConfig, tokenizer: PreTrainedTokenizerBase,
-                 runner: ModelRunner, eos_token_ids: set[int]) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        runner: ModelRunner,
+        eos_token_ids: set[int],
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.vocab_size = runner.vocab_size
@@ -45,19 +49,36 @@ class RequestBuilder:
             from sgl_lite.backend.constrained import GrammarCompiler
 
             self._compiler = GrammarCompiler(
-                self.tokenizer, whitespace_pattern=self.config.constrained_json_whitespace_pattern,
-                timeout_s=self.config.grammar_compile_timeout)
+                self.tokenizer,
+                whitespace_pattern=self.config.constrained_json_whitespace_pattern,
+                timeout_s=self.config.grammar_compile_timeout,
+            )
         return self._compiler
 
-    def build(self, *, prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-              top_logprobs_num, return_text_in_logprobs, stream, rid) -> tuple[list[Req], bool]:
+    def build(
+        self,
+        *,
+        prompt,
+        input_ids,
+        sampling_params,
+        return_logprob,
+        logprob_start_len,
+        top_logprobs_num,
+        return_text_in_logprobs,
+        stream,
+        rid,
+    ) -> tuple[list[Req], bool]:
         """Returns (requests, whether the input was a list)."""
         token_lists, batched = self._token_lists(prompt, input_ids)
-        params_list = sampling_params if isinstance(sampling_params, list) else (
-            [sampling_params] * len(token_lists))
+        params_list = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else ([sampling_params] * len(token_lists))
+        )
         if len(params_list) != len(token_lists):
             raise ValueError(
-                f"sampling_params has {len(params_list)} entries for {len(token_lists)} prompts")
+                f"sampling_params has {len(params_list)} entries for {len(token_lists)} prompts"
+            )
         rids = rid if isinstance(rid, list) else [rid] * len(token_lists)
         if len(rids) != len(token_lists):
             raise ValueError(f"rid has {len(rids)} entries for {len(token_lists)} prompts")
@@ -70,22 +91,28 @@ class RequestBuilder:
             params = SamplingParams.from_dict(raw_params)
             self._check_fits(ids, params)
             if logprob_start_len > len(ids):
-                raise ValueError(f"logprob_start_len {logprob_start_len} is past the prompt's "
-                                 f"{len(ids)} tokens")
+                raise ValueError(
+                    f"logprob_start_len {logprob_start_len} is past the prompt's {len(ids)} tokens"
+                )
             # SGLang: -1 with return_logprob means "from the last prompt token" (one entry).
             start = logprob_start_len if logprob_start_len >= 0 else len(ids) - 1
             grammar = self._start_grammar(params)
             for i in range(params.n):
                 seed = params.sampling_seed
-                reqs.append(Req(
-                    rid=(req_rid or new_rid()) + (f"-{i}" if params.n > 1 else ""),
-                    input_ids=list(ids), sampling_params=params, return_logprob=return_logprob,
-                    logprob_start_len=start if return_logprob else -1,
-                    top_logprobs_num=top_logprobs_num,
-                    return_text_in_logprobs=return_text_in_logprobs, stream=stream,
-                    grammar_future=grammar,
-                    generator=None if seed is None else torch.Generator().manual_seed(seed + i),
-                ))
+                reqs.append(
+                    Req(
+                        rid=(req_rid or new_rid()) + (f"-{i}" if params.n > 1 else ""),
+                        input_ids=list(ids),
+                        sampling_params=params,
+                        return_logprob=return_logprob,
+                        logprob_start_len=start if return_logprob else -1,
+                        top_logprobs_num=top_logprobs_num,
+                        return_text_in_logprobs=return_text_in_logprobs,
+                        stream=stream,
+                        grammar_future=grammar,
+                        generator=None if seed is None else torch.Generator().manual_seed(seed + i),
+                    )
+                )
         return reqs, batched
 
     def _token_lists(self, prompt, input_ids) -> tuple[list[list[int]], bool]:
@@ -106,11 +133,15 @@ class RequestBuilder:
         for ids in lists:
             if not isinstance(ids, list) or not ids:
                 raise ValueError("input_ids must not contain an empty list")
-            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)
-                   or not 0 <= t < self.vocab_size]
+            bad = [
+                t
+                for t in ids
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
+            ]
             if bad:
-                raise ValueError(f"input_ids contains {bad[0]!r}, outside the vocabulary "
-                                 f"[0, {self.vocab_size})")
+                raise ValueError(
+                    f"input_ids contains {bad[0]!r}, outside the vocabulary [0, {self.vocab_size})"
+                )
         return lists, batched
 
     def _check_fits(self, ids: list[int], params: SamplingParams) -> None:
@@ -119,11 +150,13 @@ class RequestBuilder:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
                 f"exceeds the context length {self.context_length}; shorten the prompt or lower "
-                "max_new_tokens")
+                "max_new_tokens"
+            )
         if total >= self.pool_size:
             raise ValueError(
                 f"prompt + max_new_tokens = {total} tokens does not fit the KV pool "
-                f"({self.pool_size} tokens); raise max_total_tokens")
+                f"({self.pool_size} tokens); raise max_total_tokens"
+            )
         bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids contains {bad[0]}, outside [0, {self.vocab_size})")

@@ -52,7 +52,8 @@ class Sampler:
     def _apply_penalties_and_masks(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
         needs_copy = any(
             r.sampling_params.has_penalties or r.guide is not None or self._blocks_stop(r)
-            for r in reqs)
+            for r in reqs
+        )
         if not needs_copy:
             return logits
         logits = logits.clone()
@@ -65,10 +66,13 @@ class Sampler:
                 allowed = req.guide.allowed_mask().to(row.device)
                 # Ids past the tokenizer's vocabulary (padding rows of the LM head) never fit.
                 row[: allowed.shape[0]].masked_fill_(~allowed, float("-inf"))
-                row[allowed.shape[0]:] = float("-inf")
+                row[allowed.shape[0] :] = float("-inf")
             if self._blocks_stop(req):
-                stop_ids = [t for t in self.eos_token_ids | set(params.stop_token_ids)
-                            if t < self.vocab_size]
+                stop_ids = [
+                    t
+                    for t in self.eos_token_ids | set(params.stop_token_ids)
+                    if t < self.vocab_size
+                ]
                 row[stop_ids] = float("-inf")
         return logits
 
@@ -99,11 +103,13 @@ def _apply_penalties(row: torch.Tensor, req: Req) -> None:
     params = req.sampling_params
     device = row.device
     if req.output_ids and (params.frequency_penalty or params.presence_penalty):
-        counts = torch.bincount(torch.tensor(req.output_ids, device=device),
-                                minlength=row.shape[-1])[: row.shape[-1]].to(row.dtype)
+        counts = torch.bincount(
+            torch.tensor(req.output_ids, device=device), minlength=row.shape[-1]
+        )[: row.shape[-1]].to(row.dtype)
         row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(req.fill_ids)), device=device)
         values = row[seen]
-        row[seen] = torch.where(values > 0, values / params.repetition_penalty,
-                                values * params.repetition_penalty)
+        row[seen] = torch.where(
+            values > 0, values / params.repetition_penalty, values * params.repetition_penalty
+        )

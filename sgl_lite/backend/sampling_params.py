@@ -34,8 +34,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         checks = [
             ("max_new_tokens", self.max_new_tokens >= 0, ">= 0"),
-            ("min_new_tokens", 0 <= self.min_new_tokens <= max(self.max_new_tokens, 0),
-             "between 0 and max_new_tokens"),
+            (
+                "min_new_tokens",
+                0 <= self.min_new_tokens <= max(self.max_new_tokens, 0),
+                "between 0 and max_new_tokens",
+            ),
             ("temperature", self.temperature >= 0, ">= 0 (0 means greedy)"),
             ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
             ("top_k", self.top_k == -1 or self.top_k >= 1, "-1 (off) or >= 1"),
@@ -47,9 +50,13 @@ class SamplingParams:
         ]
         for name, ok, allowed in checks:
             if not ok:
-                raise ValueError(f"sampling param {name} must be {allowed}, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"sampling param {name} must be {allowed}, got {getattr(self, name)!r}"
+                )
         if self.regex is not None and self.json_schema is not None:
-            raise ValueError("sampling params regex and json_schema are mutually exclusive; give one")
+            raise ValueError(
+                "sampling params regex and json_schema are mutually exclusive; give one"
+            )
 
     @property
     def is_greedy(self) -> bool:
@@ -82,27 +89,44 @@ class SamplingParams:
         if unknown:
             raise ValueError(f"unknown sampling param(s) {unknown}; known: {sorted(known)}")
         values = {k: v for k, v in params.items() if v is not None}
-        types = {"max_new_tokens": int, "min_new_tokens": int, "top_k": int, "n": int,
-                 "temperature": float, "top_p": float, "min_p": float,
-                 "frequency_penalty": float, "presence_penalty": float,
-                 "repetition_penalty": float, "sampling_seed": int}
+        types = {
+            "max_new_tokens": int,
+            "min_new_tokens": int,
+            "top_k": int,
+            "n": int,
+            "temperature": float,
+            "top_p": float,
+            "min_p": float,
+            "frequency_penalty": float,
+            "presence_penalty": float,
+            "repetition_penalty": float,
+            "sampling_seed": int,
+        }
         for name, kind in types.items():
             if name in values:
                 value = values[name]
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                        kind is int and not float(value).is_integer()):
-                    raise ValueError(f"sampling param {name} must be {kind.__name__}, got {value!r}")
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or (kind is int and not float(value).is_integer())
+                ):
+                    raise ValueError(
+                        f"sampling param {name} must be {kind.__name__}, got {value!r}"
+                    )
                 values[name] = kind(value)
         if "stop" in values:
             stop = values["stop"]
             stop = [stop] if isinstance(stop, str) else stop
-            if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+            if not isinstance(stop, (list, tuple)) or not all(
+                isinstance(s, str) and s for s in stop
+            ):
                 raise ValueError("sampling param stop must be a non-empty string or a list of them")
             values["stop"] = tuple(stop)
         if "stop_token_ids" in values:
             ids = values["stop_token_ids"]
             if not isinstance(ids, (list, tuple)) or not all(
-                    isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                isinstance(i, int) and not isinstance(i, bool) for i in ids
+            ):
                 raise ValueError("sampling param stop_token_ids must be a list of ints")
             values["stop_token_ids"] = tuple(ids)
         if isinstance(values.get("json_schema"), dict):

@@ -138,12 +138,17 @@ class Scheduler:
 
     # --- helpers ------------------------------------------------------------------------
     def _ordered_waiting(self) -> list[Req]:
-        if self.config.schedule_policy == "fcfs" or len(self.waiting) > LPM_QUEUE_LIMIT \
-                or self.config.disable_radix_cache:
+        if (
+            self.config.schedule_policy == "fcfs"
+            or len(self.waiting) > LPM_QUEUE_LIMIT
+            or self.config.disable_radix_cache
+        ):
             return list(self.waiting)
         tree = self.cache.tree
-        hits = {id(r): tree.split_prompt(r.fill_ids[: self._match_limit(r)]).hit_len
-                for r in self.waiting}
+        hits = {
+            id(r): tree.split_prompt(r.fill_ids[: self._match_limit(r)]).hit_len
+            for r in self.waiting
+        }
         return sorted(self.waiting, key=lambda r: (-hits[id(r)], r.arrival))
 
     @staticmethod
@@ -176,13 +181,14 @@ class Scheduler:
             return None
         start = req.kv_len
         req.slot_ids = torch.cat([req.slot_ids, slots])
-        token_ids = req.fill_ids[start:start + n]
+        token_ids = req.fill_ids[start : start + n]
         completes = start + n == req.seq_len
         logits_from = n - 1 if completes else n
         if req.needs_input_logprobs:
             logits_from = min(logits_from, max(req.logprob_start_len - 1 - start, 0))
-        return Segment(token_ids=token_ids, start=start, kv_slots=req.slot_ids,
-                       logits_from=logits_from)
+        return Segment(
+            token_ids=token_ids, start=start, kv_slots=req.slot_ids, logits_from=logits_from
+        )
 
     def _preempt(self, req: Req) -> None:
         """Frees a running request's slots and puts it back at the front of the queue."""
@@ -198,5 +204,3 @@ class Scheduler:
         for req, segment in zip(batch.reqs, batch.segments):
             if not req.is_finished and len(segment.token_ids) > 1:
                 self.cache.cache_unfinished(req)
-
-

@@ -19,8 +19,9 @@ _GEN_ARGS = ("name", *ir.SAMPLING_FIELDS, "choices", "choices_method")
 _DTYPES = (int, float, bool, str)
 
 
-def function(func: Callable | None = None, *, num_api_spec_tokens: int | None = None,
-             **unknown: Any) -> Any:
+def function(
+    func: Callable | None = None, *, num_api_spec_tokens: int | None = None, **unknown: Any
+) -> Any:
     """Decorator: `@sgl.function` or `@sgl.function(num_api_spec_tokens=...)`."""
     from sgl_lite.frontend.program import SglFunction
 
@@ -30,17 +31,31 @@ def function(func: Callable | None = None, *, num_api_spec_tokens: int | None = 
     return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)
 
 
-def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
-        n: int | None = None, stop: str | Sequence[str] | None = None,
-        stop_token_ids: Sequence[int] | None = None, temperature: float | None = None,
-        top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
-        frequency_penalty: float | None = None, presence_penalty: float | None = None,
-        ignore_eos: bool | None = None, return_logprob: bool | None = None,
-        logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-        return_text_in_logprobs: bool | None = None, dtype: type | None = None,
-        regex: str | None = None, json_schema: str | dict | None = None,
-        choices: Sequence[str] | None = None, choices_method: ChoicesMethod | None = None,
-        **unknown: Any) -> ir.Gen | ir.Select:
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | None = None,
+    regex: str | None = None,
+    json_schema: str | dict | None = None,
+    choices: Sequence[str] | None = None,
+    choices_method: ChoicesMethod | None = None,
+    **unknown: Any,
+) -> ir.Gen | ir.Select:
     """Generates text into variable `name`; every argument falls back to the run() defaults.
 
     `choices=[...]` makes it a `select`. `dtype`, `regex` and `json_schema` constrain the output
@@ -49,14 +64,18 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     _reject_unknown("gen", unknown, _GEN_ARGS)
     _check_name(name)
     if choices is not None:
-        return select(name, choices=choices, temperature=temperature or 0.0,
-                      choices_method=choices_method)
+        return select(
+            name, choices=choices, temperature=temperature or 0.0, choices_method=choices_method
+        )
     if choices_method is not None:
         raise ValueError("gen(choices_method=...) needs choices=[...] too")
     if n not in (None, 1):
         raise ValueError(f"gen(n={n}) is not supported; use s.fork({n}) for parallel samples")
-    given = [k for k, v in (("dtype", dtype), ("regex", regex), ("json_schema", json_schema))
-             if v is not None]
+    given = [
+        k
+        for k, v in (("dtype", dtype), ("regex", regex), ("json_schema", json_schema))
+        if v is not None
+    ]
     if len(given) > 1:
         raise ValueError(f"gen() takes at most one of dtype, regex, json_schema; got {given}")
     if dtype is not None and dtype not in _DTYPES:
@@ -72,14 +91,26 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     if isinstance(stop, list):
         stop = tuple(stop)
     sampling = ir.SamplingArgs(
-        max_tokens=max_tokens, min_tokens=min_tokens, n=n, stop=stop,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        n=n,
+        stop=stop,
         stop_token_ids=tuple(stop_token_ids) if stop_token_ids is not None else None,
-        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-        ignore_eos=ignore_eos, return_logprob=return_logprob,
-        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-        return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex,
-        json_schema=json_schema)
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
+        dtype=dtype,
+        regex=regex,
+        json_schema=json_schema,
+    )
     return ir.Gen(name=name, sampling=sampling)
 
 
@@ -93,9 +124,13 @@ def gen_string(name: str | None = None, **kwargs: Any) -> ir.Gen:
     return gen(name, dtype=str, **kwargs)
 
 
-def select(name: str | None = None, choices: Sequence[str] | None = None,
-           temperature: float = 0.0, choices_method: ChoicesMethod | None = None,
-           **unknown: Any) -> ir.Select:
+def select(
+    name: str | None = None,
+    choices: Sequence[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: ChoicesMethod | None = None,
+    **unknown: Any,
+) -> ir.Select:
     """Picks one of `choices` by scoring each as a continuation of the prompt."""
     _reject_unknown("select", unknown, ("name", "choices", "temperature", "choices_method"))
     _check_name(name)
@@ -104,13 +139,21 @@ def select(name: str | None = None, choices: Sequence[str] | None = None,
     if not all(isinstance(c, str) and c for c in choices):
         raise ValueError(f"select({name!r}) choices must be non-empty strings; got {choices!r}")
     if temperature and temperature > 1e-5:
-        raise ValueError(f"select({name!r}, temperature={temperature}): select is greedy; "
-                         "only temperature=0 is supported (as in SGLang)")
+        raise ValueError(
+            f"select({name!r}, temperature={temperature}): select is greedy; "
+            "only temperature=0 is supported (as in SGLang)"
+        )
     if choices_method is not None and not isinstance(choices_method, ChoicesMethod):
-        raise ValueError("choices_method must be sgl.token_length_normalized, "
-                         "sgl.greedy_token_selection or sgl.unconditional_likelihood_normalized")
-    return ir.Select(name=name, choices=tuple(choices), temperature=0.0,
-                     choices_method=choices_method or token_length_normalized)
+        raise ValueError(
+            "choices_method must be sgl.token_length_normalized, "
+            "sgl.greedy_token_selection or sgl.unconditional_likelihood_normalized"
+        )
+    return ir.Select(
+        name=name,
+        choices=tuple(choices),
+        temperature=0.0,
+        choices_method=choices_method or token_length_normalized,
+    )
 
 
 def _role(role: str, expr: Any = None) -> ir.Concat:
@@ -119,8 +162,10 @@ def _role(role: str, expr: Any = None) -> ir.Concat:
     body = ir.to_expr(expr)
     for leaf in ir.flatten(body):
         if isinstance(leaf, (ir.RoleBegin, ir.RoleEnd)):
-            raise ValueError(f"nested roles: {role}(...) contains {leaf.role}(...); "
-                             "roles cannot be nested, add them one after another")
+            raise ValueError(
+                f"nested roles: {role}(...) contains {leaf.role}(...); "
+                "roles cannot be nested, add them one after another"
+            )
     return ir.Concat.of(ir.RoleBegin(role=role), body, ir.RoleEnd(role=role))
 
 
@@ -175,9 +220,11 @@ def validate_regex(regex: str) -> None:
         interegular.parse_pattern(regex).to_fsm()
     except ImportError:
         pass
-    except Exception as exc:  # noqa: BLE001 - interegular raises several kinds
-        raise ValueError(f"regex {regex!r} uses syntax the constrained decoder does not "
-                         f"support (no lookarounds or backreferences): {exc}") from None
+    except Exception as exc:
+        raise ValueError(
+            f"regex {regex!r} uses syntax the constrained decoder does not "
+            f"support (no lookarounds or backreferences): {exc}"
+        ) from None
 
 
 def _schema_string(schema: Any) -> str:
@@ -191,14 +238,17 @@ def _schema_string(schema: Any) -> str:
         except json.JSONDecodeError as exc:
             raise ValueError(f"json_schema is not valid JSON: {exc}") from None
         return schema
-    raise ValueError(f"json_schema must be a JSON str, a dict or a pydantic model; "
-                     f"got {type(schema).__name__}")
+    raise ValueError(
+        f"json_schema must be a JSON str, a dict or a pydantic model; got {type(schema).__name__}"
+    )
 
 
 def _check_name(name: Any) -> None:
     if name is not None and (not isinstance(name, str) or not name):
-        raise ValueError(f"a variable name must be a non-empty str; got {name!r} (the first "
-                         "argument of gen/select is the name: gen('answer', max_tokens=16))")
+        raise ValueError(
+            f"a variable name must be a non-empty str; got {name!r} (the first "
+            "argument of gen/select is the name: gen('answer', max_tokens=16))"
+        )
 
 
 def _reject_unknown(func: str, unknown: dict[str, Any], known: Sequence[str]) -> None:
@@ -208,5 +258,6 @@ def _reject_unknown(func: str, unknown: dict[str, Any], known: Sequence[str]) ->
     for key in unknown:
         close = difflib.get_close_matches(key, known, n=1)
         hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    raise TypeError(f"{func}() got unknown argument(s) {', '.join(hints)}; "
-                    f"it takes: {', '.join(known)}")
+    raise TypeError(
+        f"{func}() got unknown argument(s) {', '.join(hints)}; it takes: {', '.join(known)}"
+    )

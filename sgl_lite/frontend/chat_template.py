@@ -61,15 +61,17 @@ def from_tokenizer(tokenizer: Any, name: str = "tokenizer") -> ChatTemplate:
         return TEMPLATES["default"]
     try:
         return _derive(tokenizer, name)
-    except Exception as exc:  # noqa: BLE001 - any template failure means the same fallback
-        logger.warning("cannot derive roles from the tokenizer's chat template (%s); "
-                       "using the 'default' template", exc)
+    except Exception as exc:
+        logger.warning(
+            "cannot derive roles from the tokenizer's chat template (%s); "
+            "using the 'default' template",
+            exc,
+        )
         return TEMPLATES["default"]
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]], gen_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False,
-                                         add_generation_prompt=gen_prompt)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen_prompt)
 
 
 def _derive(tokenizer: Any, name: str) -> ChatTemplate:
@@ -80,30 +82,43 @@ def _derive(tokenizer: Any, name: str) -> ChatTemplate:
     roles = {"system": (system_prefix, system_suffix)}
     # A system message first, then each role: the text after the system block is that role's.
     for role, mark in (("user", m1), ("assistant", m2)):
-        full = _render(tokenizer, [{"role": "system", "content": m0},
-                                   {"role": role, "content": mark}])
-        block = full.split(m0, 1)[1][len(system_suffix):]
+        full = _render(
+            tokenizer, [{"role": "system", "content": m0}, {"role": role, "content": mark}]
+        )
+        block = full.split(m0, 1)[1][len(system_suffix) :]
         prefix, suffix = block.split(mark)
         roles[role] = (prefix, suffix)
     # gen() after assistant_begin must see exactly the template's generation prompt.
-    with_prompt = _render(tokenizer, [{"role": "system", "content": m0},
-                                      {"role": "user", "content": m1}], gen_prompt=True)
-    gen_prompt = with_prompt.split(m1, 1)[1][len(roles["user"][1]):]
+    with_prompt = _render(
+        tokenizer,
+        [{"role": "system", "content": m0}, {"role": "user", "content": m1}],
+        gen_prompt=True,
+    )
+    gen_prompt = with_prompt.split(m1, 1)[1][len(roles["user"][1]) :]
     if gen_prompt and gen_prompt != roles["assistant"][0]:
-        logger.warning("chat template's generation prompt %r differs from its assistant prefix "
-                       "%r; using the generation prompt", gen_prompt, roles["assistant"][0])
+        logger.warning(
+            "chat template's generation prompt %r differs from its assistant prefix "
+            "%r; using the generation prompt",
+            gen_prompt,
+            roles["assistant"][0],
+        )
         roles["assistant"] = (gen_prompt, roles["assistant"][1])
     # Default system prompt: the system block the template puts before a conversation without one.
     user_only = _render(tokenizer, [{"role": "user", "content": m1}])
-    before_user = user_only.split(roles["user"][0] + m1, 1)[0][len(begin_text):]
+    before_user = user_only.split(roles["user"][0] + m1, 1)[0][len(begin_text) :]
     default_system = None
     if before_user.startswith(system_prefix) and before_user.endswith(system_suffix):
-        default_system = before_user[len(system_prefix):len(before_user) - len(system_suffix)]
+        default_system = before_user[len(system_prefix) : len(before_user) - len(system_suffix)]
     stop = _stop_strings(roles["assistant"][1], getattr(tokenizer, "eos_token", None))
     # NOTE: begin_text (e.g. a BOS string) stays in the prompt text: the engine tokenizes
     # without adding special tokens, so the template's own BOS must be there.
-    return ChatTemplate(name=name, role_prefix_and_suffix=roles, stop_str=stop,
-                        default_system_prompt=default_system or None, begin_text=begin_text)
+    return ChatTemplate(
+        name=name,
+        role_prefix_and_suffix=roles,
+        stop_str=stop,
+        default_system_prompt=default_system or None,
+        begin_text=begin_text,
+    )
 
 
 def _split_begin(head: str) -> tuple[str, str]:
@@ -138,26 +153,55 @@ _CHATML = {
 TEMPLATES: dict[str, ChatTemplate] = {
     t.name: t
     for t in (
-        ChatTemplate(name="default", role_prefix_and_suffix={
-            "system": ("SYSTEM:", "\n"), "user": ("USER:", "\n"),
-            "assistant": ("ASSISTANT:", "\n")}),
+        ChatTemplate(
+            name="default",
+            role_prefix_and_suffix={
+                "system": ("SYSTEM:", "\n"),
+                "user": ("USER:", "\n"),
+                "assistant": ("ASSISTANT:", "\n"),
+            },
+        ),
         ChatTemplate(name="chatml", role_prefix_and_suffix=_CHATML, stop_str=("<|im_end|>",)),
-        ChatTemplate(name="qwen", role_prefix_and_suffix=_CHATML, stop_str=("<|im_end|>",),
-                     default_system_prompt="You are a helpful assistant."),
-        ChatTemplate(name="smollm2", role_prefix_and_suffix=_CHATML, stop_str=("<|im_end|>",),
-                     default_system_prompt="You are a helpful AI assistant named SmolLM, "
-                                           "trained by Hugging Face"),
-        ChatTemplate(name="llama-3-instruct", role_prefix_and_suffix={
-            "system": ("<|start_header_id|>system<|end_header_id|>\n\n", "<|eot_id|>"),
-            "user": ("<|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>"),
-            "assistant": ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>")},
-            stop_str=("<|eot_id|>",)),
-        ChatTemplate(name="llama-2-chat", role_prefix_and_suffix={
-            "system": ("<<SYS>>\n", "\n<</SYS>>\n\n"), "user": ("[INST] ", " [/INST]"),
-            "assistant": ("", " </s><s>")}, stop_str=("[INST]",)),
-        ChatTemplate(name="mistral", role_prefix_and_suffix={
-            "system": ("[SYSTEM_PROMPT] ", " [/SYSTEM_PROMPT]"), "user": ("[INST] ", " [/INST]"),
-            "assistant": ("", " </s><s>")}, stop_str=("</s>",)),
+        ChatTemplate(
+            name="qwen",
+            role_prefix_and_suffix=_CHATML,
+            stop_str=("<|im_end|>",),
+            default_system_prompt="You are a helpful assistant.",
+        ),
+        ChatTemplate(
+            name="smollm2",
+            role_prefix_and_suffix=_CHATML,
+            stop_str=("<|im_end|>",),
+            default_system_prompt="You are a helpful AI assistant named SmolLM, "
+            "trained by Hugging Face",
+        ),
+        ChatTemplate(
+            name="llama-3-instruct",
+            role_prefix_and_suffix={
+                "system": ("<|start_header_id|>system<|end_header_id|>\n\n", "<|eot_id|>"),
+                "user": ("<|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>"),
+                "assistant": ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
+            },
+            stop_str=("<|eot_id|>",),
+        ),
+        ChatTemplate(
+            name="llama-2-chat",
+            role_prefix_and_suffix={
+                "system": ("<<SYS>>\n", "\n<</SYS>>\n\n"),
+                "user": ("[INST] ", " [/INST]"),
+                "assistant": ("", " </s><s>"),
+            },
+            stop_str=("[INST]",),
+        ),
+        ChatTemplate(
+            name="mistral",
+            role_prefix_and_suffix={
+                "system": ("[SYSTEM_PROMPT] ", " [/SYSTEM_PROMPT]"),
+                "user": ("[INST] ", " [/INST]"),
+                "assistant": ("", " </s><s>"),
+            },
+            stop_str=("</s>",),
+        ),
     )
 }
 

@@ -22,9 +22,13 @@ class ChoicesMethod:
     name = "base"
     requires_unconditional_logprobs = False
 
-    def __call__(self, *, choices: Sequence[str], token_logprobs: Sequence[Sequence[float]],
-                 unconditional_token_logprobs: Sequence[Sequence[float]] | None = None
-                 ) -> ChoicesDecision:
+    def __call__(
+        self,
+        *,
+        choices: Sequence[str],
+        token_logprobs: Sequence[Sequence[float]],
+        unconditional_token_logprobs: Sequence[Sequence[float]] | None = None,
+    ) -> ChoicesDecision:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -36,8 +40,13 @@ def normalized_logprobs(token_logprobs: Sequence[Sequence[float]]) -> list[float
     return [sum(lps) / len(lps) if lps else 0.0 for lps in token_logprobs]
 
 
-def _meta(choices: Sequence[str], token_logprobs: Sequence[Sequence[float]],
-          scores: Sequence[float], decision: int, **extra: Any) -> dict[str, Any]:
+def _meta(
+    choices: Sequence[str],
+    token_logprobs: Sequence[Sequence[float]],
+    scores: Sequence[float],
+    decision: int,
+    **extra: Any,
+) -> dict[str, Any]:
     return {
         "choices": list(choices),
         "scores": list(scores),
@@ -100,8 +109,13 @@ class UnconditionalLikelihoodNormalized(ChoicesMethod):
         uncond = normalized_logprobs(unconditional_token_logprobs)
         scores = [c - u for c, u in zip(cond, uncond)]
         best = max(range(len(choices)), key=scores.__getitem__)
-        meta = _meta(choices, token_logprobs, scores, best,
-                     unconditional_token_logprobs=[list(x) for x in unconditional_token_logprobs])
+        meta = _meta(
+            choices,
+            token_logprobs,
+            scores,
+            best,
+            unconditional_token_logprobs=[list(x) for x in unconditional_token_logprobs],
+        )
         return ChoicesDecision(choices[best], meta)
 
 
@@ -133,8 +147,9 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def choice_tokens(tokenizer: Any, prefix: str, choice: str,
-                  prefix_ids: list[int] | None = None) -> ChoiceTokens:
+def choice_tokens(
+    tokenizer: Any, prefix: str, choice: str, prefix_ids: list[int] | None = None
+) -> ChoiceTokens:
     """Tokenizes prefix+choice together and finds the first token that belongs to the choice.
 
     That is the first token where the joint tokenization departs from the prefix's own

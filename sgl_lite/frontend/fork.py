@@ -35,8 +35,10 @@ class ProgramStateGroup:
                 state += other(i)
         elif isinstance(other, (list, tuple)):
             if len(other) != len(self.states):
-                raise ValueError(f"adding a list of {len(other)} expressions to a fork of "
-                                 f"{len(self.states)}: give one per fork")
+                raise ValueError(
+                    f"adding a list of {len(other)} expressions to a fork of "
+                    f"{len(self.states)}: give one per fork"
+                )
             for state, expr in zip(self.states, other):
                 state += expr
         else:
@@ -61,7 +63,7 @@ class ProgramStateGroup:
             if state.error() is not None:
                 raise state._program_error("a fork failed") from state._error
         if mode == "concate_joined":
-            self.parent += "".join(s._t.text[self._base_len:] for s in self.states)
+            self.parent += "".join(s._t.text[self._base_len :] for s in self.states)
             return
         names: dict[str, None] = {}
         for state in self.states:
@@ -69,6 +71,10 @@ class ProgramStateGroup:
                 if self._base_vars.get(name, _MISSING) is not value:
                     names[name] = None
         for name in names:
-            self.parent.submit(ir.SetVar(
-                name=name, value=[s._vars.get(name) for s in self.states],
-                meta_info=[s._meta.get(name) for s in self.states]))
+            self.parent.submit(
+                ir.SetVar(
+                    name=name,
+                    value=[s._vars.get(name) for s in self.states],
+                    meta_info=[s._meta.get(name) for s in self.states],
+                )
+            )

@@ -16,8 +16,10 @@ def set_default_backend(backend: Any) -> None:
     """Makes `backend` (a Runtime, RuntimeEndpoint, OpenAI or Engine backend) the default."""
     global _default
     if backend is not None and not hasattr(getattr(backend, "backend", backend), "generate"):
-        raise TypeError(f"set_default_backend takes a backend (sgl.Runtime(), "
-                        f"sgl.RuntimeEndpoint(url), sgl.OpenAI(model)); got {backend!r}")
+        raise TypeError(
+            f"set_default_backend takes a backend (sgl.Runtime(), "
+            f"sgl.RuntimeEndpoint(url), sgl.OpenAI(model)); got {backend!r}"
+        )
     with _lock:
         _default = backend
 

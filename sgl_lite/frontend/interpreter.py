@@ -33,9 +33,15 @@ class ProgramError(RuntimeError):
 class ProgramState:
     """The state of one running program (SGLang's `ProgramState`)."""
 
-    def __init__(self, backend: Backend, defaults: dict[str, Any] | None = None, *,
-                 stream: bool = False, name: str = "program",
-                 transcript: Transcript | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        defaults: dict[str, Any] | None = None,
+        *,
+        stream: bool = False,
+        name: str = "program",
+        transcript: Transcript | None = None,
+    ) -> None:
         self.backend = backend
         self.name = name
         self._defaults = defaults if defaults is not None else sampling.run_defaults({})
@@ -67,13 +73,17 @@ class ProgramState:
         for leaf in leaves:  # roles are checked here, in the program's own thread
             if isinstance(leaf, ir.RoleBegin):
                 if role is not None:
-                    raise ValueError(f"nested roles: {leaf.role} begins while {role} is open; "
-                                     f"end {role} first (roles cannot be nested)")
+                    raise ValueError(
+                        f"nested roles: {leaf.role} begins while {role} is open; "
+                        f"end {role} first (roles cannot be nested)"
+                    )
                 role = leaf.role
             elif isinstance(leaf, ir.RoleEnd):
                 if role != leaf.role:
-                    raise ValueError(f"{leaf.role}_end() without a matching "
-                                     f"{leaf.role}_begin() (the open role is {role!r})")
+                    raise ValueError(
+                        f"{leaf.role}_end() without a matching "
+                        f"{leaf.role}_begin() (the open role is {role!r})"
+                    )
                 role = None
         with self._cond:
             self._submit_role = role
@@ -100,8 +110,10 @@ class ProgramState:
                 if self._error is not None:
                     raise self._program_error(f"variable {name!r} was not set") from self._error
                 if self._idle() and (self._closed or threading.get_ident() == self._owner):
-                    raise KeyError(f"variable {name!r} is never set in this program: name a "
-                                   f"gen/select with it (gen({name!r}, ...)) or use s.set_var")
+                    raise KeyError(
+                        f"variable {name!r} is never set in this program: name a "
+                        f"gen/select with it (gen({name!r}, ...)) or use s.set_var"
+                    )
                 self._cond.wait()
 
     __getitem__ = get_var
@@ -179,8 +191,13 @@ class ProgramState:
         return self.fork(1)[0]
 
     def _child(self) -> ProgramState:
-        child = ProgramState(self.backend, self._defaults, stream=self._stream,
-                             name=f"{self.name}.fork", transcript=self._t.copy())
+        child = ProgramState(
+            self.backend,
+            self._defaults,
+            stream=self._stream,
+            name=f"{self.name}.fork",
+            transcript=self._t.copy(),
+        )
         child._vars, child._meta = dict(self._vars), dict(self._meta)
         child._scopes, child._submit_role = dict(self._scopes), self._submit_role
         child._owner = self._owner
@@ -211,8 +228,9 @@ class ProgramState:
                     raise self._program_error("stream ended") from error
                 return
 
-    async def text_async_iter(self, var_name: str | None = None,
-                              return_meta_data: bool = False) -> AsyncIterator[Any]:
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
         """`text_iter` for asyncio code (the waiting happens off the event loop)."""
         sentinel = object()
         chunks = self.text_iter(var_name)
@@ -246,7 +264,7 @@ class ProgramState:
                 item = self._queue.popleft()
             try:
                 self._execute(item)
-            except BaseException as exc:  # noqa: BLE001 - any failure must release the readers
+            except BaseException as exc:
                 self._fail(item, exc)
                 return
 
@@ -261,8 +279,9 @@ class ProgramState:
 
     def _program_error(self, what: str) -> ProgramError:
         exc = self._error
-        return ProgramError(f"{what}: {self.name} failed at {self._failed_step}: "
-                            f"{type(exc).__name__}: {exc}")
+        return ProgramError(
+            f"{what}: {self.name} failed at {self._failed_step}: {type(exc).__name__}: {exc}"
+        )
 
     def _emit(self, var: str | None, text: str, done: bool = False) -> None:
         with self._cond:
@@ -301,7 +320,7 @@ class ProgramState:
         elif isinstance(item, ir.VarScopeEnd):
             if item.name not in self._scopes:
                 raise ValueError(f"var_scope {item.name!r} ends without beginning")
-            self._set(item.name, self._t.text[self._scopes.pop(item.name):], None)
+            self._set(item.name, self._t.text[self._scopes.pop(item.name) :], None)
         elif isinstance(item, ir.SetVar):
             self._set(item.name, item.value, item.meta_info)
         else:
@@ -317,19 +336,19 @@ class ProgramState:
             streamed, text, meta = "", "", {}
             stops = request.sampling_params.get("stop") or ()
             stops = [stops] if isinstance(stops, str) else stops
-            for text, meta in self.backend.generate_stream(prompt, request):
+            for text, meta in self.backend.generate_stream(prompt, request):  # noqa: B007
                 # NOTE: text that may be the start of a multi-token stop string is held back
                 # until the next chunk: the final text drops a stop string, and what was
                 # streamed must stay a prefix of it.
-                ready = text[:_unheld_len(text, stops)]
+                ready = text[: _unheld_len(text, stops)]
                 if ready.startswith(streamed) and len(ready) > len(streamed):
-                    self._fill(ready[len(streamed):], item.name)
+                    self._fill(ready[len(streamed) :], item.name)
                     streamed = ready
             if text.startswith(streamed) and len(text) > len(streamed):  # what was held back
-                self._fill(text[len(streamed):], item.name)
+                self._fill(text[len(streamed) :], item.name)
                 streamed = text
             if text != streamed:  # the final text trimmed what was streamed (a stop string)
-                self._t.text = self._t.text[:len(self._t.text) - len(streamed)] + text
+                self._t.text = self._t.text[: len(self._t.text) - len(streamed)] + text
         self._set(item.name, text, meta)
 
     def __repr__(self) -> str:

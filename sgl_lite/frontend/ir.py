@@ -16,9 +16,24 @@ ROLES = ("system", "user", "assistant")
 
 # The names `gen(...)` shares with SGLang's sampling arguments. `SamplingArgs` holds them.
 SAMPLING_FIELDS = (
-    "max_tokens", "min_tokens", "n", "stop", "stop_token_ids", "temperature", "top_p", "top_k",
-    "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob",
-    "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "dtype", "regex",
+    "max_tokens",
+    "min_tokens",
+    "n",
+    "stop",
+    "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "ignore_eos",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "dtype",
+    "regex",
     "json_schema",
 )
 

@@ -27,16 +27,23 @@ logger = logging.getLogger("sgl_lite")
 class SglFunction:
     """A program: `func(s, *args)` that adds to the state `s`."""
 
-    def __init__(self, func: Callable, *, num_api_spec_tokens: int | None = None,
-                 bind_arguments: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        func: Callable,
+        *,
+        num_api_spec_tokens: int | None = None,
+        bind_arguments: dict[str, Any] | None = None,
+    ) -> None:
         if not callable(func):
             raise TypeError(f"@sgl.function decorates a function; got {func!r}")
         params = list(inspect.signature(func).parameters.values())
         if not params or params[0].name != "s":
             got = params[0].name if params else "no parameters"
-            raise ValueError(f"@sgl.function {func.__name__}: the first parameter must be `s` "
-                             f"(the program state), as in `def {func.__name__}(s, ...)`; "
-                             f"got {got}")
+            raise ValueError(
+                f"@sgl.function {func.__name__}: the first parameter must be `s` "
+                f"(the program state), as in `def {func.__name__}(s, ...)`; "
+                f"got {got}"
+            )
         self.func = func
         self.name = func.__name__
         self.num_api_spec_tokens = num_api_spec_tokens
@@ -48,18 +55,25 @@ class SglFunction:
     def bind(self, **kwargs: Any) -> SglFunction:
         """A copy of this program with some arguments fixed."""
         unknown = [k for k in kwargs if k not in self.arg_names]
-        if unknown and not any(p.kind == p.VAR_KEYWORD
-                               for p in self._signature.parameters.values()):
-            raise TypeError(f"{self.name}.bind(): unknown argument(s) {unknown}; "
-                            f"the program takes {self.arg_names}")
-        return SglFunction(self.func, num_api_spec_tokens=self.num_api_spec_tokens,
-                           bind_arguments={**self.bind_arguments, **kwargs})
+        if unknown and not any(
+            p.kind == p.VAR_KEYWORD for p in self._signature.parameters.values()
+        ):
+            raise TypeError(
+                f"{self.name}.bind(): unknown argument(s) {unknown}; "
+                f"the program takes {self.arg_names}"
+            )
+        return SglFunction(
+            self.func,
+            num_api_spec_tokens=self.num_api_spec_tokens,
+            bind_arguments={**self.bind_arguments, **kwargs},
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
         return self.run(*args, **kwargs)
 
-    def run(self, *args: Any, stream: bool = False, backend: Backend | None = None,
-            **kwargs: Any) -> ProgramState:
+    def run(
+        self, *args: Any, stream: bool = False, backend: Backend | None = None, **kwargs: Any
+    ) -> ProgramState:
         """Runs the program once; run() keywords (max_new_tokens, temperature, ...) are the
         defaults of every gen() in it. With stream=True returns at once (use text_iter)."""
         defaults, arguments = self._split(kwargs)
@@ -74,10 +88,16 @@ class SglFunction:
         state.sync()
         return state
 
-    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, backend: Backend | None = None,
-                  num_threads: int | str = "auto", progress_bar: bool = False,
-                  generator_style: bool = False, **kwargs: Any
-                  ) -> list[ProgramState] | Iterator[ProgramState]:
+    def run_batch(
+        self,
+        batch_kwargs: list[dict[str, Any]],
+        *,
+        backend: Backend | None = None,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        generator_style: bool = False,
+        **kwargs: Any,
+    ) -> list[ProgramState] | Iterator[ProgramState]:
         """Runs the program once per kwargs dict; returns the states in the same order.
 
         A program that fails does not stop the others: its state's `error()` says why.
@@ -86,14 +106,18 @@ class SglFunction:
             raise TypeError("run_batch takes a list of kwargs dicts, one per program")
         defaults, extra = self._split(kwargs)
         if extra:
-            raise TypeError(f"run_batch(): unknown argument(s) {sorted(extra)}; pass program "
-                            "arguments inside the batch's dicts")
+            raise TypeError(
+                f"run_batch(): unknown argument(s) {sorted(extra)}; pass program "
+                "arguments inside the batch's dicts"
+            )
         backend = _resolve_backend(backend)
         states, bounds = [], []
         for i, arguments in enumerate(batch_kwargs):
             if not isinstance(arguments, dict):
-                raise TypeError(f"run_batch item {i} is a {type(arguments).__name__}; "
-                                "each item must be a dict of the program's arguments")
+                raise TypeError(
+                    f"run_batch item {i} is a {type(arguments).__name__}; "
+                    "each item must be a dict of the program's arguments"
+                )
             state = ProgramState(backend, defaults, name=f"{self.name}[{i}]")
             states.append(state)
             bounds.append(self._bind(state, (), arguments))  # bad arguments fail before any run
@@ -119,8 +143,9 @@ class SglFunction:
         other = {k: v for k, v in kwargs.items() if k not in sampling.RUN_ARGS}
         return sampling.run_defaults(run_args), other
 
-    def _bind(self, state: ProgramState, args: tuple, kwargs: dict[str, Any]
-              ) -> inspect.BoundArguments:
+    def _bind(
+        self, state: ProgramState, args: tuple, kwargs: dict[str, Any]
+    ) -> inspect.BoundArguments:
         try:
             return self._signature.bind(state, *args, **{**self.bind_arguments, **kwargs})
         except TypeError as exc:
@@ -144,15 +169,16 @@ class SglFunction:
     def _precache(self, backend: Backend) -> None:
         try:
             prefix = trace_prefix(self, backend.chat_template, self.bind_arguments)
-        except Exception as exc:  # noqa: BLE001 - tracing is an optimisation only
+        except Exception as exc:
             logger.debug("tracing %s for its prefix failed: %s", self.name, exc)
             return
         if prefix:
             backend.cache_prefix(prefix)
 
     @staticmethod
-    def _progress(states: list[ProgramState], futures: list[concurrent.futures.Future],
-                  progress_bar: bool) -> Iterator[ProgramState]:
+    def _progress(
+        states: list[ProgramState], futures: list[concurrent.futures.Future], progress_bar: bool
+    ) -> Iterator[ProgramState]:
         bar = None
         if progress_bar:
             from tqdm.auto import tqdm

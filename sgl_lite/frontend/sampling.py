@@ -14,17 +14,31 @@ from sgl_lite.frontend.chat_template import ChatTemplate
 
 # SGLang's SglFunction.run() defaults; every run() keyword below can override one.
 GLOBAL_DEFAULTS: dict[str, Any] = {
-    "max_new_tokens": 128, "min_new_tokens": None, "stop": (), "stop_token_ids": (),
-    "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-    "frequency_penalty": 0.0, "presence_penalty": 0.0, "ignore_eos": False,
-    "return_logprob": False, "logprob_start_len": None, "top_logprobs_num": None,
+    "max_new_tokens": 128,
+    "min_new_tokens": None,
+    "stop": (),
+    "stop_token_ids": (),
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "ignore_eos": False,
+    "return_logprob": False,
+    "logprob_start_len": None,
+    "top_logprobs_num": None,
     "return_text_in_logprobs": None,
 }
 RUN_ARGS = tuple(GLOBAL_DEFAULTS)
 
 _GEN_TO_RUN = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
-_LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num",
-                 "return_text_in_logprobs")
+_LOGPROB_KEYS = (
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+)
 _DTYPE_STOPS = (" ", "\n")
 
 
@@ -59,7 +73,8 @@ def resolve(args: ir.SamplingArgs, defaults: dict[str, Any], template: ChatTempl
     return GenRequest(
         sampling_params=sampling,
         return_logprob=bool(logprob["return_logprob"]),
-        logprob_start_len=-1 if logprob["logprob_start_len"] is None
+        logprob_start_len=-1
+        if logprob["logprob_start_len"] is None
         else logprob["logprob_start_len"],
         top_logprobs_num=logprob["top_logprobs_num"] or 0,
         return_text_in_logprobs=bool(logprob["return_text_in_logprobs"]),

@@ -112,9 +112,8 @@ def trace_prefix(program: Any, template: ChatTemplate, fixed: dict[str, Any]) ->
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         kwargs[param.name] = fixed.get(param.name, Placeholder(param.name))
-    try:
+    # A trace stops wherever the program needs a real value; what it built so far is the prefix.
+    with contextlib.suppress(Exception):
         program.func(state, **kwargs)
-    except Exception:  # noqa: BLE001 - StopTrace or anything a placeholder provoked
-        pass
     text = state.t.text
     return text if len(text) > len(template.begin_text) else ""

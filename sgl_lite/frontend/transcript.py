@@ -30,8 +30,9 @@ class Transcript:
 
     def role_begin(self, role: str) -> None:
         if self.role is not None:
-            raise ValueError(f"nested roles: {role} begins while {self.role} is open; "
-                             f"end {self.role} first")
+            raise ValueError(
+                f"nested roles: {role} begins while {self.role} is open; end {self.role} first"
+            )
         if not self.messages and role != "system" and self.template.default_system_prompt:
             # NOTE: as the tokenizer's template does: a conversation that does not start with
             # a system message gets the template's default one.
@@ -44,14 +45,18 @@ class Transcript:
 
     def role_end(self, role: str) -> None:
         if self.role != role:
-            raise ValueError(f"{role}_end() without a matching {role}_begin() "
-                             f"(the open role is {self.role!r})")
-        content = self.text[self.role_start:]
+            raise ValueError(
+                f"{role}_end() without a matching {role}_begin() (the open role is {self.role!r})"
+            )
+        content = self.text[self.role_start :]
         self.text += self.template.get_prefix_and_suffix(role)[1]
         self.messages.append({"role": role, "content": content})
         self.role = None
 
     def prompt(self) -> Prompt:
-        return Prompt(text=self.text, messages=tuple(dict(m) for m in self.messages),
-                      open_role=self.role,
-                      open_content=self.text[self.role_start:] if self.role else "")
+        return Prompt(
+            text=self.text,
+            messages=tuple(dict(m) for m in self.messages),
+            open_role=self.role,
+            open_content=self.text[self.role_start :] if self.role else "",
+        )

@@ -34,8 +34,11 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def serve(app) -> Iterator[str]:
     """Runs `app` under uvicorn on 127.0.0.1 in a daemon thread; yields its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(),
-                                           log_level="warning", lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=_free_port(), log_level="warning", lifespan="off"
+        )
+    )
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -83,5 +86,5 @@ def sse_events(lines: Iterator[str]) -> Iterator[dict | str]:
     for line in lines:
         if not line.startswith("data:"):
             continue
-        data = line[len("data:"):].strip()
+        data = line[len("data:") :].strip()
         yield data if data == "[DONE]" else json.loads(data)

@@ -14,42 +14,79 @@ import pytest
 from sgl_lite.backend.engine import Engine
 from tests.conftest import NUM_THREADS, chat_prompt
 
-PRODUCT = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 12},
-    "price": {"type": "number"},
-    "category": {"enum": ["kitchen", "garden", "toys", "books"]}},
-    "required": ["name", "price", "category"]}
+PRODUCT = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "price": {"type": "number"},
+        "category": {"enum": ["kitchen", "garden", "toys", "books"]},
+    },
+    "required": ["name", "price", "category"],
+}
 
 SCHEMAS = {
     "product": PRODUCT,
-    "nested": {"type": "object", "properties": {
-        "user": {"type": "object", "properties": {"id": {"type": "integer"},
-                                                  "admin": {"type": "boolean"}},
-                 "required": ["id", "admin"]}}, "required": ["user"]},
-    "array": {"type": "object", "properties": {
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6},
-                 "maxItems": 3}}, "required": ["tags"]},
-    "optional": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                  "b": {"type": "string", "maxLength": 5}},
-                 "required": ["a"]},
-    "ref": {"$defs": {"point": {"type": "object", "properties": {
-        "x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"]}},
-        "type": "object", "properties": {"p": {"$ref": "#/$defs/point"}}, "required": ["p"]},
-    "anyof": {"type": "object", "properties": {"v": {"anyOf": [{"type": "integer"},
-                                                               {"type": "boolean"}]}},
-              "required": ["v"]},
+    "nested": {
+        "type": "object",
+        "properties": {
+            "user": {
+                "type": "object",
+                "properties": {"id": {"type": "integer"}, "admin": {"type": "boolean"}},
+                "required": ["id", "admin"],
+            }
+        },
+        "required": ["user"],
+    },
+    "array": {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3}
+        },
+        "required": ["tags"],
+    },
+    "optional": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 5}},
+        "required": ["a"],
+    },
+    "ref": {
+        "$defs": {
+            "point": {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                "required": ["x", "y"],
+            }
+        },
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/point"}},
+        "required": ["p"],
+    },
+    "anyof": {
+        "type": "object",
+        "properties": {"v": {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}},
+        "required": ["v"],
+    },
     "null": {"type": "object", "properties": {"n": {"type": "null"}}, "required": ["n"]},
     "enum_top": {"enum": ["red", "green", "blue"]},
-    "numbers": {"type": "object", "properties": {"i": {"type": "integer"},
-                                                 "f": {"type": "number"}},
-                "required": ["i", "f"]},
-    "bools": {"type": "object", "properties": {"ok": {"type": "boolean"},
-                                               "done": {"type": "boolean"}},
-              "required": ["ok", "done"]},
+    "numbers": {
+        "type": "object",
+        "properties": {"i": {"type": "integer"}, "f": {"type": "number"}},
+        "required": ["i", "f"],
+    },
+    "bools": {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "done": {"type": "boolean"}},
+        "required": ["ok", "done"],
+    },
 }
 
-REGEXES = [r"[0-9]{3}-[0-9]{4}", r"(yes|no)", r"[A-Z][a-z]{2,8}", r"-?[0-9]+\.[0-9]{2}",
-           r"(cat|dog|bird)s?, (red|blue)"]
+REGEXES = [
+    r"[0-9]{3}-[0-9]{4}",
+    r"(yes|no)",
+    r"[A-Z][a-z]{2,8}",
+    r"-?[0-9]+\.[0-9]{2}",
+    r"(cat|dog|bird)s?, (red|blue)",
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +97,33 @@ def no_jump_engine():
 
 
 def prompts(tokenizer, n: int) -> list[str]:
-    return [chat_prompt(tokenizer, f"Reply in JSON about item {i}: a small wooden toy.")
-            for i in range(n)]
+    return [
+        chat_prompt(tokenizer, f"Reply in JSON about item {i}: a small wooden toy.")
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("jump", [True, False], ids=["jump_forward", "no_jump_forward"])
-def test_every_schema_output_validates_greedy_and_sampled(engine, no_jump_engine,
-                                                          smollm_tokenizer, jump):
+def test_every_schema_output_validates_greedy_and_sampled(
+    engine, no_jump_engine, smollm_tokenizer, jump
+):
     eng = engine if jump else no_jump_engine
     names = sorted(SCHEMAS)
     base = prompts(smollm_tokenizer, 1)[0]
-    greedy = [{"temperature": 0, "max_new_tokens": 96, "json_schema": json.dumps(SCHEMAS[n])}
-              for n in names]
-    sampled = [{"temperature": 1.0, "max_new_tokens": 96, "sampling_seed": seed,
-                "json_schema": json.dumps(SCHEMAS[n])} for n in names for seed in (1, 2)]
+    greedy = [
+        {"temperature": 0, "max_new_tokens": 96, "json_schema": json.dumps(SCHEMAS[n])}
+        for n in names
+    ]
+    sampled = [
+        {
+            "temperature": 1.0,
+            "max_new_tokens": 96,
+            "sampling_seed": seed,
+            "json_schema": json.dumps(SCHEMAS[n]),
+        }
+        for n in names
+        for seed in (1, 2)
+    ]
     params = greedy + sampled
     results = eng.generate([base] * len(params), params)
     special = set(smollm_tokenizer.all_special_ids)
@@ -87,16 +137,20 @@ def test_every_schema_output_validates_greedy_and_sampled(engine, no_jump_engine
 
 def test_every_regex_output_fully_matches(engine, no_jump_engine, smollm_tokenizer):
     prompt = chat_prompt(smollm_tokenizer, "Answer with the requested format only.")
-    params = [{"temperature": t, "max_new_tokens": 32, "regex": r, "sampling_seed": 3}
-              for r in REGEXES for t in (0, 1.0)]
+    params = [
+        {"temperature": t, "max_new_tokens": 32, "regex": r, "sampling_seed": 3}
+        for r in REGEXES
+        for t in (0, 1.0)
+    ]
     for eng in (engine, no_jump_engine):
         for p, out in zip(params, eng.generate([prompt] * len(params), params)):
             assert re.fullmatch(p["regex"], out["text"]), (p["regex"], out["text"])
         eng.check_integrity()
 
 
-def test_jump_forward_runs_fewer_passes_than_tokens_and_agrees(engine, no_jump_engine,
-                                                               smollm_tokenizer):
+def test_jump_forward_runs_fewer_passes_than_tokens_and_agrees(
+    engine, no_jump_engine, smollm_tokenizer
+):
     prompt = chat_prompt(smollm_tokenizer, "A red kettle costs 25 dollars. Give it as JSON.")
     params = {"temperature": 0, "max_new_tokens": 64, "json_schema": json.dumps(PRODUCT)}
 
@@ -139,12 +193,15 @@ def test_slow_compile_times_out_while_other_requests_finish():
         eng.shutdown()
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"regex": "(unclosed"}, "regex"),
-    ({"json_schema": "{not json"}, "JSON"),
-    ({"json_schema": json.dumps({"type": "object", "properties": 5})}, "schema"),
-    ({"regex": "a+", "json_schema": "{}"}, "mutually exclusive"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"regex": "(unclosed"}, "regex"),
+        ({"json_schema": "{not json"}, "JSON"),
+        ({"json_schema": json.dumps({"type": "object", "properties": 5})}, "schema"),
+        ({"regex": "a+", "json_schema": "{}"}, "mutually exclusive"),
+    ],
+)
 def test_bad_constraints_are_named_errors_and_the_next_request_succeeds(engine, params, message):
     before = engine.get_server_info()["pool_free_tokens"]
     with pytest.raises(ValueError, match=message):

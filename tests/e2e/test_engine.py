@@ -12,9 +12,14 @@ from tests.conftest import NUM_THREADS, chat_prompt
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
 QUESTIONS = [
-    "What is the capital of France?", "Name three primary colors.", "Why is the sky blue?",
-    "Write a haiku about rain.", "What is 12 times 7?", "Give me a synonym for happy.",
-    "Who wrote Hamlet?", "What does a CPU do?",
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Why is the sky blue?",
+    "Write a haiku about rain.",
+    "What is 12 times 7?",
+    "Give me a synonym for happy.",
+    "Who wrote Hamlet?",
+    "What does a CPU do?",
 ]
 
 
@@ -26,8 +31,10 @@ def uncached_engine():
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
-                None if len(a) == len(b) else min(len(a), len(b)))
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b)) if x != y),
+        None if len(a) == len(b) else min(len(a), len(b)),
+    )
 
 
 def assert_same_tokens(a: dict, b: dict, hf_model=None, prompt_ids=None) -> None:
@@ -44,8 +51,9 @@ def assert_same_tokens(a: dict, b: dict, hf_model=None, prompt_ids=None) -> None
     pytest.fail(f"outputs differ at token {i}: {a['output_ids']} vs {b['output_ids']}{detail}")
 
 
-def test_greedy_output_is_identical_with_cache_on_and_off(engine, uncached_engine,
-                                                          smollm_tokenizer, hf_smollm):
+def test_greedy_output_is_identical_with_cache_on_and_off(
+    engine, uncached_engine, smollm_tokenizer, hf_smollm
+):
     prompts = [chat_prompt(smollm_tokenizer, q) for q in QUESTIONS[:3]]
     for prompt in prompts:  # twice with the cache: the second run hits the first one's tokens
         cold = engine.generate(prompt, GREEDY)
@@ -65,14 +73,19 @@ def test_greedy_output_matches_transformers_generate(engine, smollm_tokenizer, h
     ids = smollm_tokenizer.encode(prompt, add_special_tokens=False)
     ours = engine.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 12})
     with torch.no_grad():
-        theirs = hf_smollm.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
-                                    eos_token_id=smollm_tokenizer.eos_token_id)
-    theirs = theirs[0, len(ids):].tolist()
+        theirs = hf_smollm.generate(
+            torch.tensor([ids]),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=smollm_tokenizer.eos_token_id,
+        )
+    theirs = theirs[0, len(ids) :].tolist()
     assert ours["output_ids"] == theirs
 
 
-def test_request_alone_equals_request_among_eight_concurrent(engine, uncached_engine,
-                                                             smollm_tokenizer, hf_smollm):
+def test_request_alone_equals_request_among_eight_concurrent(
+    engine, uncached_engine, smollm_tokenizer, hf_smollm
+):
     prompts = [chat_prompt(smollm_tokenizer, q) for q in QUESTIONS]
     alone = [uncached_engine.generate(p, GREEDY) for p in prompts[:2]]
     results: list[dict | None] = [None] * len(prompts)
@@ -95,12 +108,14 @@ def test_request_alone_equals_request_among_eight_concurrent(engine, uncached_en
     engine.check_integrity()
 
 
-def test_second_turn_hits_first_answer_and_equals_cold_run(engine, uncached_engine,
-                                                            smollm_tokenizer):
+def test_second_turn_hits_first_answer_and_equals_cold_run(
+    engine, uncached_engine, smollm_tokenizer
+):
     first = chat_prompt(smollm_tokenizer, "Tell me one fact about owls.")
     answer = engine.generate(first, GREEDY)
-    second = chat_prompt(smollm_tokenizer, "Tell me one fact about owls.", answer["text"],
-                         "And one about cats?")
+    second = chat_prompt(
+        smollm_tokenizer, "Tell me one fact about owls.", answer["text"], "And one about cats?"
+    )
     warm = engine.generate(second, GREEDY)
     cold = uncached_engine.generate(second, GREEDY)
     first_len = answer["meta_info"]["prompt_tokens"]
@@ -109,8 +124,9 @@ def test_second_turn_hits_first_answer_and_equals_cold_run(engine, uncached_engi
     assert_same_tokens(warm, cold)
 
 
-def test_tiny_pool_with_eight_concurrent_long_prompts_finishes_and_matches(engine,
-                                                                           smollm_tokenizer):
+def test_tiny_pool_with_eight_concurrent_long_prompts_finishes_and_matches(
+    engine, smollm_tokenizer
+):
     prompts = [f"Document {i}: " + " ".join(f"word{i}x{j}" for j in range(40)) for i in range(8)]
     params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
     expected = engine.generate(prompts, params)
@@ -162,9 +178,14 @@ def test_stop_strings_are_trimmed_and_reported(engine, smollm_tokenizer):
 def test_logprobs_match_a_full_forward(engine, smollm_tokenizer, hf_smollm):
     ids = smollm_tokenizer.encode("The quick brown fox jumps over the lazy dog")
     engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})  # cache it first
-    out = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 3},
-                          return_logprob=True, logprob_start_len=0, top_logprobs_num=2,
-                          return_text_in_logprobs=True)
+    out = engine.generate(
+        input_ids=ids,
+        sampling_params={"temperature": 0, "max_new_tokens": 3},
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=2,
+        return_text_in_logprobs=True,
+    )
     meta = out["meta_info"]
     with torch.no_grad():
         logprobs = torch.log_softmax(hf_smollm(torch.tensor([ids])).logits[0].float(), -1)
@@ -181,8 +202,13 @@ def test_logprobs_match_a_full_forward(engine, smollm_tokenizer, hf_smollm):
 
 
 def test_sampling_with_a_seed_is_reproducible(engine):
-    params = {"temperature": 1.0, "top_p": 0.9, "top_k": 50, "max_new_tokens": 12,
-              "sampling_seed": 7}
+    params = {
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "top_k": 50,
+        "max_new_tokens": 12,
+        "sampling_seed": 7,
+    }
     a = engine.generate("Once upon a time", params)
     b = engine.generate("Once upon a time", params)
     assert a["output_ids"] == b["output_ids"]
@@ -190,19 +216,22 @@ def test_sampling_with_a_seed_is_reproducible(engine):
     assert len(several) == 3
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": None}, "prompt"),
-    ({"prompt": "hi", "input_ids": [1, 2]}, "input_ids"),
-    ({"input_ids": [1, 10**9]}, "vocabulary"),
-    ({"input_ids": []}, "input_ids"),
-    ({"prompt": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
-    ({"prompt": "hi", "sampling_params": {"top_p": 1.5}}, "top_p"),
-    ({"prompt": "hi", "sampling_params": {"max_new_tokens": 10**6}}, "context length"),
-    ({"prompt": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
-    ({"prompt": "hi", "sampling_params": {"max_new_tokens": "ten"}}, "max_new_tokens"),
-    ({"prompt": "hi", "sampling_params": {"stop_token_ids": [10**9]}}, "stop_token_ids"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": None}, "prompt"),
+        ({"prompt": "hi", "input_ids": [1, 2]}, "input_ids"),
+        ({"input_ids": [1, 10**9]}, "vocabulary"),
+        ({"input_ids": []}, "input_ids"),
+        ({"prompt": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
+        ({"prompt": "hi", "sampling_params": {"top_p": 1.5}}, "top_p"),
+        ({"prompt": "hi", "sampling_params": {"max_new_tokens": 10**6}}, "context length"),
+        ({"prompt": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
+        ({"prompt": "hi", "sampling_params": {"max_new_tokens": "ten"}}, "max_new_tokens"),
+        ({"prompt": "hi", "sampling_params": {"stop_token_ids": [10**9]}}, "stop_token_ids"),
+    ],
+)
 def test_bad_input_raises_a_named_error_and_the_engine_keeps_serving(engine, kwargs, field):
     before = engine.get_server_info()["pool_free_tokens"]
     with pytest.raises(ValueError, match=field):
@@ -224,9 +253,12 @@ def test_bad_model_paths_are_clear_errors(tmp_path):
 
 
 def test_abort_frees_the_request(engine):
-    chunks = engine.generate("Write a long story about a dragon.",
-                             {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True},
-                             stream=True, rid="to-abort")
+    chunks = engine.generate(
+        "Write a long story about a dragon.",
+        {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True},
+        stream=True,
+        rid="to-abort",
+    )
     first = next(chunks)
     engine.abort("to-abort")
     assert first["meta_info"]["finish_reason"] is None

@@ -68,8 +68,7 @@ PRODUCT_SCHEMA = {
     "properties": {
         "name": {"type": "string"},
         "price": {"type": "number"},
-        "category": {"type": "string",
-                     "enum": ["electronics", "clothing", "kitchen", "toys"]},
+        "category": {"type": "string", "enum": ["electronics", "clothing", "kitchen", "toys"]},
     },
     "required": ["name", "price", "category"],
 }
@@ -147,7 +146,7 @@ QUIZ = [
     ("Which ocean is the largest?", ["Pacific", "Atlantic", "Indian", "Arctic"]),
 ]
 # The gold answer moves around; every choice starts with a space (as after "A:").
-QUIZ = [(q, [" " + c for c in cs[i % 4:] + cs[:i % 4]]) for i, (q, cs) in enumerate(QUIZ)]
+QUIZ = [(q, [" " + c for c in cs[i % 4 :] + cs[: i % 4]]) for i, (q, cs) in enumerate(QUIZ)]
 
 
 @sgl.function
@@ -175,8 +174,9 @@ def _forward(model, ids: list[int], past=None):
     return torch.log_softmax(out.logits[0].float(), -1), cache
 
 
-def hf_mean_choice_logprobs(model, tokenizer, prompt: str, choices: list[str],
-                            shared_past, shared_len: int) -> list[float]:
+def hf_mean_choice_logprobs(
+    model, tokenizer, prompt: str, choices: list[str], shared_past, shared_len: int
+) -> list[float]:
     """Mean logprob of each choice's tokens after `prompt`, by transformers.
 
     The choice's tokens are those where tokenize(prompt + choice) departs from tokenize(prompt).
@@ -213,19 +213,21 @@ def test_select_equals_a_brute_force_scoring_with_transformers(rt, smollm_tokeni
         assert state["answer"] in choices
         text = state.text()
         assert text.endswith(state["answer"])
-        prompts.append(text[:len(text) - len(state["answer"])])  # exactly what select scored
+        prompts.append(text[: len(text) - len(state["answer"])])  # exactly what select scored
     shared_ids = smollm_tokenizer.encode(prompts[0], add_special_tokens=False)
     for p in prompts[1:]:
-        shared_ids = shared_ids[:_common_len(shared_ids,
-                                             smollm_tokenizer.encode(p, add_special_tokens=False))]
+        shared_ids = shared_ids[
+            : _common_len(shared_ids, smollm_tokenizer.encode(p, add_special_tokens=False))
+        ]
     assert len(shared_ids) >= 100  # the few-shot prefix
     mismatches, worst = [], 0.0
     with torch.no_grad():
         lps, past = _forward(hf_smollm, shared_ids)
         shared = (past, lps[-1])
         for state, prompt, (question, choices) in zip(states, prompts, QUIZ):
-            ref = hf_mean_choice_logprobs(hf_smollm, smollm_tokenizer, prompt, choices,
-                                          shared, len(shared_ids))
+            ref = hf_mean_choice_logprobs(
+                hf_smollm, smollm_tokenizer, prompt, choices, shared, len(shared_ids)
+            )
             meta = state.get_meta_info("answer")
             worst = max(worst, *(abs(a - b) for a, b in zip(meta["scores"], ref)))
             best = max(range(len(choices)), key=ref.__getitem__)
@@ -251,9 +253,27 @@ def short_answer(s, question):
 
 
 def test_run_batch_of_sixteen_runs_concurrently_in_the_engine(rt, engine):
-    questions = [f"Say a word that rhymes with '{w}'." for w in (
-        "cat", "dog", "sun", "tree", "cake", "light", "rain", "book",
-        "star", "fish", "moon", "bell", "king", "road", "ship", "hand")]
+    questions = [
+        f"Say a word that rhymes with '{w}'."
+        for w in (
+            "cat",
+            "dog",
+            "sun",
+            "tree",
+            "cake",
+            "light",
+            "rain",
+            "book",
+            "star",
+            "fish",
+            "moon",
+            "bell",
+            "king",
+            "road",
+            "ship",
+            "hand",
+        )
+    ]
     states = short_answer.run_batch([{"question": q} for q in questions], backend=rt, **GREEDY)
     assert_ok(states)
     assert all(isinstance(s["answer"], str) for s in states)
@@ -263,8 +283,9 @@ def test_run_batch_of_sixteen_runs_concurrently_in_the_engine(rt, engine):
 # --- streaming ------------------------------------------------------------------------------
 def test_streamed_text_equals_the_non_streamed_text(rt):
     question = "Describe the ocean in two sentences."
-    streamed = short_answer.run(question=question, stream=True, backend=rt, max_new_tokens=24,
-                                **GREEDY)
+    streamed = short_answer.run(
+        question=question, stream=True, backend=rt, max_new_tokens=24, **GREEDY
+    )
     chunks = list(streamed.text_iter("answer"))
     plain = short_answer.run(question=question, backend=rt, max_new_tokens=24, **GREEDY)
     assert streamed.error() is None and plain.error() is None
@@ -275,10 +296,9 @@ def test_streamed_text_equals_the_non_streamed_text(rt):
     words = plain["answer"].split(" ")
     assert len(words) >= 6, plain["answer"]
     stop = " " + " ".join(words[3:5])
-    cut = short_answer_until.run(question=question, stop_at=stop, stream=True, backend=rt,
-                                 **GREEDY)
+    cut = short_answer_until.run(question=question, stop_at=stop, stream=True, backend=rt, **GREEDY)
     chunks = list(cut.text_iter("answer"))
-    expected = plain["answer"][:plain["answer"].find(stop)]
+    expected = plain["answer"][: plain["answer"].find(stop)]
     assert cut["answer"] == expected and "".join(chunks) == expected, (chunks, stop)
     assert "".join(cut.text_iter()) == cut.text()
 
@@ -291,9 +311,12 @@ def short_answer_until(s, question, stop_at):
 
 # --- the seed's style: an anonymous program on a Runtime ---------------------------------------
 def test_runtime_run_of_role_expressions_returns_the_answer(rt):
-    answer = rt.run(sgl.system("You are a helpful assistant."),
-                    sgl.user("What is the capital of France?"),
-                    sgl.assistant(sgl.gen("answer", max_tokens=32)), **GREEDY)["answer"]
+    answer = rt.run(
+        sgl.system("You are a helpful assistant."),
+        sgl.user("What is the capital of France?"),
+        sgl.assistant(sgl.gen("answer", max_tokens=32)),
+        **GREEDY,
+    )["answer"]
     assert isinstance(answer, str) and answer.strip()
 
 

@@ -23,14 +23,17 @@ class FakeEngine:
     def __init__(self) -> None:
         self.config = EngineConfig(served_model_name="fake")
         self.model_folder = "/models/fake"
-        self.runner = types.SimpleNamespace(context_length=64,
-                                            pool=types.SimpleNamespace(num_slots=128))
+        self.runner = types.SimpleNamespace(
+            context_length=64, pool=types.SimpleNamespace(num_slots=128)
+        )
         self.aborted: list[str] = []
 
-    def generate(self, prompt=None, sampling_params=None, input_ids=None, rid=None, stream=False,
-                 **_):
-        params = sampling_params if isinstance(sampling_params, dict) else (
-            sampling_params or [{}])[0]
+    def generate(
+        self, prompt=None, sampling_params=None, input_ids=None, rid=None, stream=False, **_
+    ):
+        params = (
+            sampling_params if isinstance(sampling_params, dict) else (sampling_params or [{}])[0]
+        )
         regex = params.get("regex")
         if regex == "bad":
             raise ValueError("sampling param regex is not a valid regular expression: bad")
@@ -40,12 +43,28 @@ class FakeEngine:
             reason = {"type": "abort", "message": "grammar compile timed out after 10 s"}
         else:
             reason = {"type": "length", "length": 2}
-        meta = {"id": rid[0], "prompt_tokens": 3, "completion_tokens": 2, "cached_tokens": 0,
-                "finish_reason": None, "e2e_latency": 0.01, "forced_tokens": 0}
-        chunks = [{"text": "a", "output_ids": [1], "meta_info": meta, "index": 0}] if (
-            regex != "slow") else []
-        chunks.append({"text": "ab" if regex != "slow" else "", "output_ids": [1, 2],
-                       "meta_info": {**meta, "finish_reason": reason}, "index": 0})
+        meta = {
+            "id": rid[0],
+            "prompt_tokens": 3,
+            "completion_tokens": 2,
+            "cached_tokens": 0,
+            "finish_reason": None,
+            "e2e_latency": 0.01,
+            "forced_tokens": 0,
+        }
+        chunks = (
+            [{"text": "a", "output_ids": [1], "meta_info": meta, "index": 0}]
+            if (regex != "slow")
+            else []
+        )
+        chunks.append(
+            {
+                "text": "ab" if regex != "slow" else "",
+                "output_ids": [1, 2],
+                "meta_info": {**meta, "finish_reason": reason},
+                "index": 0,
+            }
+        )
         return iter(chunks)
 
     def abort(self, rid: str) -> None:
@@ -55,8 +74,14 @@ class FakeEngine:
         return True
 
     def get_server_info(self) -> dict:
-        return {"num_running_reqs": 0, "num_waiting_reqs": 0, "cache_hit_rate": 0.0,
-                "pool_used_tokens": 0, "pool_free_tokens": 128, "cached_tokens": 0}
+        return {
+            "num_running_reqs": 0,
+            "num_waiting_reqs": 0,
+            "cache_hit_rate": 0.0,
+            "pool_used_tokens": 0,
+            "pool_free_tokens": 128,
+            "cached_tokens": 0,
+        }
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +91,11 @@ def url():
 
 
 def generate(url: str, regex: str, stream: bool = False) -> httpx.Response:
-    return httpx.post(f"{url}/generate", timeout=30, json={
-        "text": "x", "stream": stream, "sampling_params": {"regex": regex}})
+    return httpx.post(
+        f"{url}/generate",
+        timeout=30,
+        json={"text": "x", "stream": stream, "sampling_params": {"regex": regex}},
+    )
 
 
 def test_grammar_compile_failure_is_a_400_with_its_message(url):
@@ -94,20 +122,40 @@ def test_openai_names_the_fake_model_and_rejects_others(url):
     assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "fake"
     response = httpx.post(f"{url}/v1/completions", json={"model": "other", "prompt": "x"})
     assert response.status_code == 404 and response.json()["error"]["param"] == "model"
-    response = httpx.post(f"{url}/v1/completions", json={"model": "fake", "prompt": "x",
-                                                         "regex": "slow", "max_tokens": 2})
+    response = httpx.post(
+        f"{url}/v1/completions",
+        json={"model": "fake", "prompt": "x", "regex": "slow", "max_tokens": 2},
+    )
     assert response.status_code == 400
 
 
 def test_cli_flags_become_engine_config_and_bind_loopback_by_default():
     from sgl_lite.launch_server import build_parser, engine_kwargs
 
-    args = build_parser().parse_args([
-        "--model-path", "default", "--max-total-tokens", "4096", "--schedule-policy", "fcfs",
-        "--disable-radix-cache", "--num-threads", "2", "--served-model-name", "smol",
-        "--api-key", "k"])
+    args = build_parser().parse_args(
+        [
+            "--model-path",
+            "default",
+            "--max-total-tokens",
+            "4096",
+            "--schedule-policy",
+            "fcfs",
+            "--disable-radix-cache",
+            "--num-threads",
+            "2",
+            "--served-model-name",
+            "smol",
+            "--api-key",
+            "k",
+        ]
+    )
     assert args.host == "127.0.0.1" and args.port == 30000 and args.api_key == "k"
     kwargs = engine_kwargs(args)
     config = EngineConfig.from_kwargs(model_path=args.model_path, **kwargs)
-    assert (config.max_total_tokens, config.schedule_policy, config.disable_radix_cache,
-            config.num_threads, config.served_model_name) == (4096, "fcfs", True, 2, "smol")
+    assert (
+        config.max_total_tokens,
+        config.schedule_policy,
+        config.disable_radix_cache,
+        config.num_threads,
+        config.served_model_name,
+    ) == (4096, "fcfs", True, 2, "smol")

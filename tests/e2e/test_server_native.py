@@ -37,8 +37,9 @@ def url(engine):
 
 @pytest.fixture(scope="module")
 def guarded_url(engine):
-    with serve(create_app(engine, api_key=KEY, served_model_name="smol",
-                          max_body_bytes=4096)) as base:
+    with serve(
+        create_app(engine, api_key=KEY, served_model_name="smol", max_body_bytes=4096)
+    ) as base:
         yield base
 
 
@@ -73,14 +74,21 @@ def test_generate_single_list_and_n_return_prompts_times_n_results(url, engine):
     by_ids = post(url, "/generate", {"input_ids": ids, "sampling_params": GREEDY}).json()
     assert by_ids["output_ids"] == result["output_ids"]  # greedy: same tokens, cached or not
 
-    many = post(url, "/generate", {"text": ["One, two,", "Red, green,"],
-                                   "sampling_params": {**GREEDY, "max_new_tokens": 4, "n": 2}})
+    many = post(
+        url,
+        "/generate",
+        {
+            "text": ["One, two,", "Red, green,"],
+            "sampling_params": {**GREEDY, "max_new_tokens": 4, "n": 2},
+        },
+    )
     assert many.status_code == 200, many.text
     results = many.json()
     assert len(results) == 4
     assert results[0]["output_ids"] == results[1]["output_ids"]  # greedy samples agree
-    n_one = post(url, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2,
-                                                                       "n": 3}}).json()
+    n_one = post(
+        url, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2, "n": 3}}
+    ).json()
     assert isinstance(n_one, list) and len(n_one) == 3
     engine.check_integrity()
 
@@ -94,14 +102,21 @@ def test_max_new_tokens_zero_prefills_and_caches_the_prefix(url):
 
 
 def test_logprob_fields_are_sglangs(url):
-    body = {"text": "Paris is the capital of", "sampling_params": {**GREEDY, "max_new_tokens": 3},
-            "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2,
-            "return_text_in_logprobs": True}
+    body = {
+        "text": "Paris is the capital of",
+        "sampling_params": {**GREEDY, "max_new_tokens": 3},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": 2,
+        "return_text_in_logprobs": True,
+    }
     meta = post(url, "/generate", body).json()["meta_info"]
     inputs, outputs = meta["input_token_logprobs"], meta["output_token_logprobs"]
     assert len(inputs) == meta["prompt_tokens"] and inputs[0][0] is None
-    assert all(isinstance(lp, float) and isinstance(t, int) and isinstance(s, str)
-               for lp, t, s in inputs[1:] + outputs)
+    assert all(
+        isinstance(lp, float) and isinstance(t, int) and isinstance(s, str)
+        for lp, t, s in inputs[1:] + outputs
+    )
     assert len(outputs) == meta["completion_tokens"]
     assert all(len(top) == 2 for top in meta["output_top_logprobs"])
     assert outputs[0][1] == meta["output_top_logprobs"][0][0][1]  # greedy picks the top token
@@ -110,8 +125,9 @@ def test_logprob_fields_are_sglangs(url):
 def test_stream_sends_cumulative_text_and_only_new_logprobs(url):
     body = {"text": "List three fruits:", "sampling_params": GREEDY, "return_logprob": True}
     full = post(url, "/generate", body).json()
-    with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True},
-                      timeout=120) as response:
+    with httpx.stream(
+        "POST", f"{url}/generate", json={**body, "stream": True}, timeout=120
+    ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         events = list(sse_events(response.iter_lines()))
     assert events[-1] == "[DONE]"
@@ -125,18 +141,25 @@ def test_stream_sends_cumulative_text_and_only_new_logprobs(url):
 
 
 def test_stream_holds_back_text_that_may_become_a_stop_string(url):
-    body = {"text": "Count: 1, 2, 3, 4, 5, 6,", "sampling_params": {
-        **GREEDY, "max_new_tokens": 12, "stop": [", 9"]}}
+    body = {
+        "text": "Count: 1, 2, 3, 4, 5, 6,",
+        "sampling_params": {**GREEDY, "max_new_tokens": 12, "stop": [", 9"]},
+    }
     full = post(url, "/generate", body).json()
-    with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True},
-                      timeout=120) as response:
+    with httpx.stream(
+        "POST", f"{url}/generate", json={**body, "stream": True}, timeout=120
+    ) as response:
         texts = [e["text"] for e in sse_events(response.iter_lines()) if e != "[DONE]"]
     assert all(full["text"].startswith(t) for t in texts) and texts[-1] == full["text"]
 
 
 def test_abort_request_ends_a_running_stream(url, engine):
-    body = {"text": "Tell me a long story.", "rid": "abort-me", "stream": True,
-            "sampling_params": {"max_new_tokens": 500, "ignore_eos": True, "temperature": 0}}
+    body = {
+        "text": "Tell me a long story.",
+        "rid": "abort-me",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 500, "ignore_eos": True, "temperature": 0},
+    }
     with httpx.stream("POST", f"{url}/generate", json=body, timeout=120) as response:
         events = sse_events(response.iter_lines())
         next(events)
@@ -150,8 +173,11 @@ def test_abort_request_ends_a_running_stream(url, engine):
 
 def test_client_disconnect_mid_stream_aborts_and_frees_slots(url, engine):
     before = flush(url)
-    body = {"text": "Write an essay about the sea.", "stream": True,
-            "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True, "temperature": 0}}
+    body = {
+        "text": "Write an essay about the sea.",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True, "temperature": 0},
+    }
     with httpx.stream("POST", f"{url}/generate", json=body, timeout=120) as response:
         events = sse_events(response.iter_lines())
         next(events), next(events)
@@ -164,8 +190,10 @@ def test_client_disconnect_mid_stream_aborts_and_frees_slots(url, engine):
 
 
 def test_client_leaving_a_plain_request_aborts_it(url, engine):
-    body = {"text": "Write a very long poem.", "sampling_params": {
-        "max_new_tokens": 1000, "ignore_eos": True, "temperature": 0}}
+    body = {
+        "text": "Write a very long poem.",
+        "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True, "temperature": 0},
+    }
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{url}/generate", json=body, timeout=httpx.Timeout(30, read=1.0))
     wait_idle(url, timeout=20)
@@ -184,8 +212,12 @@ def _bad_inputs() -> list[tuple[str, object, int, str | None]]:
         ("/generate", {"input_ids": [[]]}, 400, "input_ids"),
         ("/generate", {"input_ids": [10**9]}, 400, "input_ids"),
         ("/generate", {"text": "a", "sampling_params": {"temperature": -1}}, 400, "temperature"),
-        ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": "x"}}, 400,
-         "max_new_tokens"),
+        (
+            "/generate",
+            {"text": "a", "sampling_params": {"max_new_tokens": "x"}},
+            400,
+            "max_new_tokens",
+        ),
         ("/generate", {"text": "a", "sampling_params": {"n": 0}}, 400, "n"),
         ("/generate", {"text": "a", "sampling_params": {"top_p": 0}}, 400, "top_p"),
         ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 10**6}}, 400, None),
@@ -197,15 +229,31 @@ def _bad_inputs() -> list[tuple[str, object, int, str | None]]:
         ("/v1/completions", {"prompt": "a", "max_tokens": -1}, 400, "max_tokens"),
         ("/v1/completions", {"max_tokens": 2}, 400, "prompt"),
         ("/v1/chat/completions", {"messages": []}, 400, "messages"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}],
-                                  "temperature": 3}, 400, "temperature"),
-        ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "a"}]}, 400,
-         "messages.0.role"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a"}], "temperature": 3},
+            400,
+            "temperature",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "wizard", "content": "a"}]},
+            400,
+            "messages.0.role",
+        ),
         ("/generate", {"text": "a", "sampling_params": {"regex": "(unclosed"}}, 400, "regex"),
-        ("/generate", {"text": "a", "sampling_params": {"json_schema": "{not json"}}, 400,
-         "json_schema"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}],
-                                  "regex": "[a-"}, 400, "regex"),
+        (
+            "/generate",
+            {"text": "a", "sampling_params": {"json_schema": "{not json"}},
+            400,
+            "json_schema",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a"}], "regex": "[a-"},
+            400,
+            "regex",
+        ),
     ]
     return cases
 
@@ -214,8 +262,12 @@ def test_bad_input_gets_a_json_error_naming_the_field_and_never_reaches_the_engi
     before = flush(url)
     for path, body, status, param in _bad_inputs():
         if isinstance(body, bytes):
-            response = httpx.post(f"{url}{path}", content=body, timeout=30,
-                                  headers={"content-type": "application/json"})
+            response = httpx.post(
+                f"{url}{path}",
+                content=body,
+                timeout=30,
+                headers={"content-type": "application/json"},
+            )
         else:
             response = post(url, path, body)
         assert response.status_code == status, (path, body, response.text)
@@ -241,8 +293,12 @@ def test_api_key_guards_everything_but_health(guarded_url):
     assert httpx.get(f"{guarded_url}/get_model_info", headers=auth).status_code == 200
     models = httpx.get(f"{guarded_url}/v1/models", headers=auth).json()
     assert models["data"][0]["id"] == "smol"
-    ok = post(guarded_url, "/generate", {"text": "a", "sampling_params": {"max_new_tokens": 1}},
-              headers=auth)
+    ok = post(
+        guarded_url,
+        "/generate",
+        {"text": "a", "sampling_params": {"max_new_tokens": 1}},
+        headers=auth,
+    )
     assert ok.status_code == 200
 
 
@@ -264,15 +320,22 @@ def test_oversized_bodies_get_413(guarded_url):
 def test_metrics_count_requests_tokens_and_latency(url):
     post(url, "/generate", {"text": "Metrics please", "sampling_params": GREEDY})
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-              if line and not line.startswith("#")}
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
     assert values["sgl_lite_prompt_tokens_total"] > 0
     assert values["sgl_lite_generation_tokens_total"] > 0
     assert values["sgl_lite_e2e_request_latency_seconds_count"] > 0
     assert values["sgl_lite_time_to_first_token_seconds_count"] > 0
     assert 'sgl_lite_http_requests_total{route="/generate",status="200"}' in values
-    for gauge in ("sgl_lite_num_running_reqs", "sgl_lite_num_waiting_reqs",
-                  "sgl_lite_cache_hit_rate", "sgl_lite_cached_tokens_total"):
+    for gauge in (
+        "sgl_lite_num_running_reqs",
+        "sgl_lite_num_waiting_reqs",
+        "sgl_lite_cache_hit_rate",
+        "sgl_lite_cached_tokens_total",
+    ):
         assert gauge in values
 
 
@@ -285,16 +348,22 @@ def test_64_concurrent_mixed_requests_complete_and_the_pool_returns(url, engine)
             params["regex"] = r"[0-9]{1,4}"
         text = f"Request number {i}: the answer is"
         if i % 4 == 1:  # streaming
-            async with client.stream("POST", "/generate", json={
-                    "text": text, "sampling_params": params, "stream": True}) as response:
+            async with client.stream(
+                "POST", "/generate", json={"text": text, "sampling_params": params, "stream": True}
+            ) as response:
                 assert response.status_code == 200
                 lines = [line async for line in response.aiter_lines() if line]
             assert lines[-1] == "data: [DONE]"
-            return json.loads(lines[-2][len("data:"):])["meta_info"]["finish_reason"]["type"]
+            return json.loads(lines[-2][len("data:") :])["meta_info"]["finish_reason"]["type"]
         if i % 4 == 2:  # OpenAI chat
-            response = await client.post("/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": text}], "max_tokens": 6,
-                "temperature": 0})
+            response = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "messages": [{"role": "user", "content": text}],
+                    "max_tokens": 6,
+                    "temperature": 0,
+                },
+            )
             assert response.status_code == 200, response.text
             return response.json()["choices"][0]["finish_reason"]
         response = await client.post("/generate", json={"text": text, "sampling_params": params})
@@ -302,8 +371,9 @@ def test_64_concurrent_mixed_requests_complete_and_the_pool_returns(url, engine)
         return response.json()["meta_info"]["finish_reason"]["type"]
 
     async def main() -> list[str]:
-        async with httpx.AsyncClient(base_url=url, timeout=300,
-                                     limits=httpx.Limits(max_connections=100)) as client:
+        async with httpx.AsyncClient(
+            base_url=url, timeout=300, limits=httpx.Limits(max_connections=100)
+        ) as client:
             return await asyncio.gather(*(one(client, i) for i in range(64)))
 
     reasons = asyncio.run(main())
@@ -317,10 +387,26 @@ def test_64_concurrent_mixed_requests_complete_and_the_pool_returns(url, engine)
 
 
 def test_regex_and_json_schema_constrain_native_output(url):
-    out = post(url, "/generate", {"text": "My favourite number is ", "sampling_params": {
-        "temperature": 0, "max_new_tokens": 8, "regex": r"[0-9]{1,3}"}}).json()
+    out = post(
+        url,
+        "/generate",
+        {
+            "text": "My favourite number is ",
+            "sampling_params": {"temperature": 0, "max_new_tokens": 8, "regex": r"[0-9]{1,3}"},
+        },
+    ).json()
     assert out["text"].isdigit() and len(out["text"]) <= 3
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
-    out = post(url, "/generate", {"text": "Answer in JSON: ", "sampling_params": {
-        "temperature": 0, "max_new_tokens": 16, "json_schema": json.dumps(schema)}}).json()
+    out = post(
+        url,
+        "/generate",
+        {
+            "text": "Answer in JSON: ",
+            "sampling_params": {
+                "temperature": 0,
+                "max_new_tokens": 16,
+                "json_schema": json.dumps(schema),
+            },
+        },
+    ).json()
     assert isinstance(json.loads(out["text"])["ok"], bool)

@@ -32,7 +32,8 @@ def backend(engine):
 @sgl.function
 def capital(s, country):
     s += f"Q: What is the capital of {country}?\nA:" + sgl.gen(
-        "answer", max_tokens=8, temperature=0, stop="\n")
+        "answer", max_tokens=8, temperature=0, stop="\n"
+    )
     s += "\nQ: Is that a city in Europe?\nA: " + sgl.select("europe", choices=["yes", "no"])
 
 
@@ -55,15 +56,18 @@ def test_select_with_unconditional_likelihood_sends_input_ids(backend):
     @sgl.function
     def pick(s):
         s += "The opposite of hot is " + sgl.select(
-            "word", choices=["cold", "warm", "blue"],
-            choices_method=sgl.unconditional_likelihood_normalized)
+            "word",
+            choices=["cold", "warm", "blue"],
+            choices_method=sgl.unconditional_likelihood_normalized,
+        )
 
     assert pick.run(backend=backend)["word"] in ("cold", "warm", "blue")
 
 
 def test_batch_and_chat_roles(backend):
-    states = capital.run_batch([{"country": "Japan"}, {"country": "Peru"}], backend=backend,
-                               num_threads=2)
+    states = capital.run_batch(
+        [{"country": "Japan"}, {"country": "Peru"}], backend=backend, num_threads=2
+    )
     assert all(s["answer"] for s in states)
     state = chat.run(question="Say hello.", backend=backend)
     assert state["reply"] and "<|im_start|>assistant" in state.text()
@@ -90,7 +94,8 @@ def test_regex_and_int_dtype_constrain_the_answer(backend):
     @sgl.function
     def number(s):
         s += "Pick a number between 1 and 100: " + sgl.gen(
-            "n", max_tokens=6, temperature=0, regex=r"[1-9][0-9]?")
+            "n", max_tokens=6, temperature=0, regex=r"[1-9][0-9]?"
+        )
         s += "\nAnd another: " + sgl.gen("m", max_tokens=6, temperature=0, dtype=int)
 
     state = number.run(backend=backend)

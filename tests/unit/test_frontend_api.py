@@ -34,8 +34,11 @@ def test_gen_int_and_gen_string_set_dtype_and_schema_becomes_a_string():
 
 def test_sampling_layers_gen_over_run_over_global_and_adds_template_stop():
     defaults = sampling.run_defaults({"temperature": 0.3, "max_new_tokens": 16, "top_p": None})
-    req = sampling.resolve(sgl.gen("x", max_tokens=4, top_k=2, return_logprob=True).sampling,
-                           defaults, get_chat_template("llama-3-instruct"))
+    req = sampling.resolve(
+        sgl.gen("x", max_tokens=4, top_k=2, return_logprob=True).sampling,
+        defaults,
+        get_chat_template("llama-3-instruct"),
+    )
     sp = req.sampling_params
     assert sp["max_new_tokens"] == 4 and sp["temperature"] == 0.3 and sp["top_k"] == 2
     assert sp["top_p"] == 1.0 and sp["stop"] == ["<|eot_id|>"]
@@ -45,26 +48,30 @@ def test_sampling_layers_gen_over_run_over_global_and_adds_template_stop():
 def test_dtype_becomes_a_regex():
     from sgl_lite.backend.constrained import dtypes
 
-    req = sampling.resolve(sgl.gen_int("n").sampling, sampling.run_defaults({}),
-                           get_chat_template("default"))
+    req = sampling.resolve(
+        sgl.gen_int("n").sampling, sampling.run_defaults({}), get_chat_template("default")
+    )
     assert req.sampling_params["regex"] == dtypes.dtype_to_regex(int)
 
 
-@pytest.mark.parametrize("build, message", [
-    (lambda: sgl.gen("x", max_length=5), "did you mean 'max_tokens'"),
-    (lambda: sgl.gen("x", regex="(unclosed"), "invalid regex"),
-    (lambda: sgl.gen("x", regex=r"(?<=a)b"), "does not support"),
-    (lambda: sgl.gen("x", regex="a", json_schema="{}"), "at most one"),
-    (lambda: sgl.gen("x", json_schema="{not json"), "not valid JSON"),
-    (lambda: sgl.gen("x", dtype=list), "dtype"),
-    (lambda: sgl.gen("x", n=2), "fork"),
-    (lambda: sgl.gen(5), "variable name"),
-    (lambda: sgl.select("x"), "needs choices"),
-    (lambda: sgl.select("x", choices=[]), "needs choices"),
-    (lambda: sgl.select("x", choices=["a"], temperature=0.7), "temperature"),
-    (lambda: sgl.user(sgl.assistant("x")), "nested roles"),
-    (lambda: sgl.function(lambda state: None), "first parameter must be `s`"),
-])
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: sgl.gen("x", max_length=5), "did you mean 'max_tokens'"),
+        (lambda: sgl.gen("x", regex="(unclosed"), "invalid regex"),
+        (lambda: sgl.gen("x", regex=r"(?<=a)b"), "does not support"),
+        (lambda: sgl.gen("x", regex="a", json_schema="{}"), "at most one"),
+        (lambda: sgl.gen("x", json_schema="{not json"), "not valid JSON"),
+        (lambda: sgl.gen("x", dtype=list), "dtype"),
+        (lambda: sgl.gen("x", n=2), "fork"),
+        (lambda: sgl.gen(5), "variable name"),
+        (lambda: sgl.select("x"), "needs choices"),
+        (lambda: sgl.select("x", choices=[]), "needs choices"),
+        (lambda: sgl.select("x", choices=["a"], temperature=0.7), "temperature"),
+        (lambda: sgl.user(sgl.assistant("x")), "nested roles"),
+        (lambda: sgl.function(lambda state: None), "first parameter must be `s`"),
+    ],
+)
 def test_bad_input_fails_at_build_time_with_a_fix(build, message):
     with pytest.raises((ValueError, TypeError), match=message):
         build()

@@ -9,23 +9,23 @@ from sgl_lite.frontend.choices import common_prefix_len
 
 
 def test_token_length_normalized_picks_highest_mean_logprob():
-    d = sgl.token_length_normalized(choices=["a", "bb"],
-                                    token_logprobs=[[-2.0], [-0.5, -1.0]])
+    d = sgl.token_length_normalized(choices=["a", "bb"], token_logprobs=[[-2.0], [-0.5, -1.0]])
     assert d.decision == "bb"
     assert d.meta_info["normalized_prompt_logprobs"] == [-2.0, -0.75]
 
 
 def test_token_length_normalized_does_not_favor_short_choices_by_sum():
     # by sum "a" (-1.0) would win; by mean "bbb" (-0.5) wins
-    d = sgl.token_length_normalized(choices=["a", "bbb"],
-                                    token_logprobs=[[-1.0], [-0.5, -0.5, -0.5]])
+    d = sgl.token_length_normalized(
+        choices=["a", "bbb"], token_logprobs=[[-1.0], [-0.5, -0.5, -0.5]]
+    )
     assert d.decision == "bbb"
 
 
 def test_greedy_token_selection_decides_on_first_differing_token():
     d = sgl.greedy_token_selection(
-        choices=["x", "y", "z"],
-        token_logprobs=[[-0.1, -9.0], [-0.1, -0.2], [-3.0, -0.0]])
+        choices=["x", "y", "z"], token_logprobs=[[-0.1, -9.0], [-0.1, -0.2], [-3.0, -0.0]]
+    )
     assert d.decision == "y"
 
 
@@ -38,8 +38,10 @@ def test_greedy_token_selection_pads_short_choices_with_their_mean():
 def test_unconditional_likelihood_normalized_subtracts_the_prior():
     # "common" is likely everywhere; "rare" is much more likely here than without the prompt
     d = sgl.unconditional_likelihood_normalized(
-        choices=["common", "rare"], token_logprobs=[[-0.5], [-1.0]],
-        unconditional_token_logprobs=[[-0.4], [-6.0]])
+        choices=["common", "rare"],
+        token_logprobs=[[-0.5], [-1.0]],
+        unconditional_token_logprobs=[[-0.4], [-6.0]],
+    )
     assert d.decision == "rare"
     assert d.meta_info["scores"] == pytest.approx([-0.1, 5.0])
 

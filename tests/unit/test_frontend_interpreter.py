@@ -55,9 +55,11 @@ def test_roles_render_the_template_and_messages():
     backend = MockBackend(template="smollm2")
     state = chat.run(backend=backend)
     sys_prompt = backend.chat_template.default_system_prompt
-    assert state.messages() == [{"role": "system", "content": sys_prompt},
-                                {"role": "user", "content": "hi"},
-                                {"role": "assistant", "content": "ok"}]
+    assert state.messages() == [
+        {"role": "system", "content": sys_prompt},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok"},
+    ]
     assert state.text().startswith(f"<|im_start|>system\n{sys_prompt}<|im_end|>\n")
     # gen() saw the prompt right after the assistant prefix
     assert backend.calls[0][1].endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
@@ -146,8 +148,9 @@ def test_run_batch_keeps_order_runs_concurrently_and_precaches_prefix(capsys):
         s += sgl.assistant(sgl.gen("out"))
 
     backend = MockBackend(lambda text, req: text.split("n=")[1][:2], delay=0.05)
-    states = prog.run_batch([{"n": str(i)} for i in range(10, 18)], backend=backend,
-                            progress_bar=True)
+    states = prog.run_batch(
+        [{"n": str(i)} for i in range(10, 18)], backend=backend, progress_bar=True
+    )
     assert [s["out"] for s in states] == [str(i) for i in range(10, 18)]
     assert backend.max_in_flight > 1
     kind, text, _ = backend.calls[0]
@@ -217,8 +220,7 @@ def test_select_passes_the_method_and_records_scores():
         s += "Pick:" + sgl.select("c", choices=["cat", "dog"])
         s += sgl.gen("g", choices=["x", "y"], choices_method=sgl.greedy_token_selection)
 
-    backend = MockBackend(select_logprobs={"cat": [-2.0], "dog": [-0.1], "x": [-1.0],
-                                           "y": [-0.5]})
+    backend = MockBackend(select_logprobs={"cat": [-2.0], "dog": [-0.1], "x": [-1.0], "y": [-0.5]})
     state = prog.run(backend=backend)
     assert state["c"] == "dog" and state["g"] == "y"
     assert state.get_meta_info("c")["scores"] == [-2.0, -0.1]
@@ -262,7 +264,8 @@ def test_trace_finds_the_constant_prefix():
 def test_runtime_run_executes_an_anonymous_program():
     runtime = Runtime.__new__(Runtime)
     runtime.backend = MockBackend(lambda text, req: "42")
-    state = runtime.run(sgl.system("Be brief."), sgl.user("6*7?"),
-                        sgl.assistant(sgl.gen("answer", max_tokens=8)))
+    state = runtime.run(
+        sgl.system("Be brief."), sgl.user("6*7?"), sgl.assistant(sgl.gen("answer", max_tokens=8))
+    )
     assert state["answer"] == "42"
     assert state.messages()[-1] == {"role": "assistant", "content": "42"}

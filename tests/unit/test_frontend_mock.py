@@ -17,9 +17,14 @@ class MockBackend(Backend):
     generate calls seen at once. `select_logprobs` maps a choice to its token logprobs.
     """
 
-    def __init__(self, reply: Callable[[str, GenRequest], str] | None = None, *,
-                 template: str = "chatml", delay: float = 0.0,
-                 select_logprobs: dict[str, list[float]] | None = None) -> None:
+    def __init__(
+        self,
+        reply: Callable[[str, GenRequest], str] | None = None,
+        *,
+        template: str = "chatml",
+        delay: float = 0.0,
+        select_logprobs: dict[str, list[float]] | None = None,
+    ) -> None:
         self.chat_template = get_chat_template(template)
         self.reply = reply or (lambda text, req: "ok")
         self.delay = delay
@@ -48,8 +53,15 @@ class MockBackend(Backend):
         finally:
             with self._lock:
                 self._in_flight -= 1
-        return GenResult(text, {"prompt_tokens": len(prompt.text), "completion_tokens": len(text),
-                                "cached_tokens": 0, "finish_reason": {"type": "stop"}})
+        return GenResult(
+            text,
+            {
+                "prompt_tokens": len(prompt.text),
+                "completion_tokens": len(text),
+                "cached_tokens": 0,
+                "finish_reason": {"type": "stop"},
+            },
+        )
 
     def generate_stream(self, prompt: Prompt, request: GenRequest):
         text, meta = self.generate(prompt, request)

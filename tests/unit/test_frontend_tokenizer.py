@@ -31,33 +31,64 @@ class FakeEngine:
     def logprob(token_id):
         return -((token_id * 7919) % 101) / 10.0
 
-    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
-                 logprob_start_len=-1, top_logprobs_num=0, return_text_in_logprobs=False,
-                 stream=False, rid=None):
-        self.calls.append({"prompt": prompt, "input_ids": input_ids, "params": sampling_params,
-                           "return_logprob": return_logprob, "start": logprob_start_len})
+    def generate(
+        self,
+        prompt=None,
+        sampling_params=None,
+        input_ids=None,
+        return_logprob=False,
+        logprob_start_len=-1,
+        top_logprobs_num=0,
+        return_text_in_logprobs=False,
+        stream=False,
+        rid=None,
+    ):
+        self.calls.append(
+            {
+                "prompt": prompt,
+                "input_ids": input_ids,
+                "params": sampling_params,
+                "return_logprob": return_logprob,
+                "start": logprob_start_len,
+            }
+        )
         batched = isinstance(prompt, list) or (input_ids and isinstance(input_ids[0], list))
-        items = prompt if isinstance(prompt, list) else input_ids if batched else [
-            prompt if prompt is not None else input_ids]
-        outs = [self._one(x, sampling_params or {}, return_logprob, logprob_start_len)
-                for x in items]
+        items = (
+            prompt
+            if isinstance(prompt, list)
+            else input_ids
+            if batched
+            else [prompt if prompt is not None else input_ids]
+        )
+        outs = [
+            self._one(x, sampling_params or {}, return_logprob, logprob_start_len) for x in items
+        ]
         if stream:
             text = outs[0]["text"]
-            return iter([{"text": text[:i], "meta_info": {}} for i in range(1, len(text))]
-                        + [outs[0]])
+            return iter(
+                [{"text": text[:i], "meta_info": {}} for i in range(1, len(text))] + [outs[0]]
+            )
         return outs if batched else outs[0]
 
     def _one(self, x, params, return_logprob, start):
         ids = self.tokenizer.encode(x, add_special_tokens=False) if isinstance(x, str) else x
         text = "" if params.get("max_new_tokens") == 0 else self.reply
-        reason = {"type": "abort", "message": "out of memory"} if self.abort else {
-            "type": "stop", "matched": None}
-        meta = {"prompt_tokens": len(ids), "completion_tokens": 0, "cached_tokens": 0,
-                "finish_reason": reason}
+        reason = (
+            {"type": "abort", "message": "out of memory"}
+            if self.abort
+            else {"type": "stop", "matched": None}
+        )
+        meta = {
+            "prompt_tokens": len(ids),
+            "completion_tokens": 0,
+            "cached_tokens": 0,
+            "finish_reason": reason,
+        }
         if return_logprob:
             s = max(start, 0)
-            meta["input_token_logprobs"] = [[None if i == 0 else self.logprob(ids[i]), ids[i],
-                                             None] for i in range(s, len(ids))]
+            meta["input_token_logprobs"] = [
+                [None if i == 0 else self.logprob(ids[i]), ids[i], None] for i in range(s, len(ids))
+            ]
         return {"text": text, "output_ids": [], "meta_info": meta}
 
 
@@ -66,23 +97,35 @@ def test_roles_are_derived_from_the_tokenizers_template(tok):
     assert t.get_prefix_and_suffix("user") == ("<|im_start|>user\n", "<|im_end|>\n")
     assert t.default_system_prompt == SMOL_SYSTEM
     assert "<|im_end|>" in t.stop_str
-    for msgs in ([{"role": "user", "content": "hi"}],
-                 [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "a"},
-                  {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]):
+    for msgs in (
+        [{"role": "user", "content": "hi"}],
+        [
+            {"role": "system", "content": "Be terse."},
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"},
+        ],
+    ):
         for gen_prompt in (False, True):
             assert t.render(msgs, gen_prompt) == tok.apply_chat_template(
-                msgs, tokenize=False, add_generation_prompt=gen_prompt)
+                msgs, tokenize=False, add_generation_prompt=gen_prompt
+            )
 
 
 def test_program_prompt_matches_apply_chat_template(tok):
     backend = EngineBackend(engine=FakeEngine(tok))
-    state = backend_run(backend, sgl.user("What is the capital of France?"),
-                        sgl.assistant(sgl.gen("answer", max_tokens=8)))
+    state = backend_run(
+        backend,
+        sgl.user("What is the capital of France?"),
+        sgl.assistant(sgl.gen("answer", max_tokens=8)),
+    )
     assert state["answer"] == "Paris"
     sent = backend.engine.calls[0]["prompt"]
     assert sent == tok.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], tokenize=False,
-        add_generation_prompt=True)
+        [{"role": "user", "content": "What is the capital of France?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert backend.engine.calls[0]["params"]["stop"] == ["<|im_end|>"]
 
 
@@ -97,9 +140,9 @@ def test_choice_tokens_when_the_choice_merges_with_the_prefix(tok):
     prefix_ids = tok.encode(prefix, add_special_tokens=False)
     ct = choice_tokens(tok, prefix, choice)
     assert ct.merged and ct.start < len(prefix_ids)  # " Paris" swallowed the prefix's space
-    assert ct.ids[:ct.start] == prefix_ids[:ct.start]
-    assert tok.decode(ct.ids[ct.start:]).endswith(choice)
-    assert prefix.startswith(tok.decode(ct.ids[:ct.start]))
+    assert ct.ids[: ct.start] == prefix_ids[: ct.start]
+    assert tok.decode(ct.ids[ct.start :]).endswith(choice)
+    assert prefix.startswith(tok.decode(ct.ids[: ct.start]))
 
 
 def test_choice_tokens_on_a_clean_boundary_score_only_the_choice(tok):
@@ -107,7 +150,7 @@ def test_choice_tokens_on_a_clean_boundary_score_only_the_choice(tok):
     prefix_ids = tok.encode(prefix, add_special_tokens=False)
     ct = choice_tokens(tok, prefix, choice)
     assert not ct.merged and ct.start == len(prefix_ids)
-    assert tok.decode(ct.ids[ct.start:]) == choice
+    assert tok.decode(ct.ids[ct.start :]) == choice
 
 
 def test_select_prefills_once_then_scores_all_choices_in_one_call(tok):
@@ -115,8 +158,9 @@ def test_select_prefills_once_then_scores_all_choices_in_one_call(tok):
     backend = EngineBackend(engine=engine)
     prefix = "Q: Best pet?\nA: "
     choices = ["cat", "dog", "hamster"]
-    decision = backend.select(sgl.frontend.backends.Prompt(text=prefix), choices,
-                              sgl.token_length_normalized)
+    decision = backend.select(
+        sgl.frontend.backends.Prompt(text=prefix), choices, sgl.token_length_normalized
+    )
     prefill, scoring = engine.calls
     assert prefill["params"] == {"max_new_tokens": 0} and not prefill["return_logprob"]
     assert len(scoring["input_ids"]) == 3 and scoring["return_logprob"]
@@ -124,8 +168,7 @@ def test_select_prefills_once_then_scores_all_choices_in_one_call(tok):
     for c in choices:
         ct = choice_tokens(tok, prefix, c)
         assert scoring["start"] <= ct.start
-        expected.append(sum(map(FakeEngine.logprob, ct.ids[ct.start:]))
-                        / (len(ct.ids) - ct.start))
+        expected.append(sum(map(FakeEngine.logprob, ct.ids[ct.start :])) / (len(ct.ids) - ct.start))
     assert decision.meta_info["scores"] == pytest.approx(expected)
     assert decision.decision == choices[max(range(3), key=expected.__getitem__)]
 
@@ -133,8 +176,11 @@ def test_select_prefills_once_then_scores_all_choices_in_one_call(tok):
 def test_unconditional_select_makes_one_more_call_without_the_prefix(tok):
     engine = FakeEngine(tok)
     backend = EngineBackend(engine=engine)
-    d = backend.select(sgl.frontend.backends.Prompt(text="Pick: "), ["red", "blue"],
-                       sgl.unconditional_likelihood_normalized)
+    d = backend.select(
+        sgl.frontend.backends.Prompt(text="Pick: "),
+        ["red", "blue"],
+        sgl.unconditional_likelihood_normalized,
+    )
     assert len(engine.calls) == 3 and len(engine.calls[2]["input_ids"]) == 2
     assert d.decision in ("red", "blue") and "unconditional_token_logprobs" in d.meta_info
 

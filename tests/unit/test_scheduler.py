@@ -22,8 +22,11 @@ def make(pool_size: int, **config) -> tuple[Scheduler, CacheManager]:
 
 
 def req(ids: list[int], new_tokens: int) -> Req:
-    return Req(rid=str(random.random()), input_ids=ids,
-               sampling_params=SamplingParams(max_new_tokens=new_tokens))
+    return Req(
+        rid=str(random.random()),
+        input_ids=ids,
+        sampling_params=SamplingParams(max_new_tokens=new_tokens),
+    )
 
 
 def run_to_completion(scheduler: Scheduler, cache: CacheManager, max_steps: int = 10_000):

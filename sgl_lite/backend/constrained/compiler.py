@@ -200,7 +200,7 @@ class GrammarCompiler:
             return build_regex_from_schema(
                 _dumps(schema), whitespace_pattern=self.whitespace_pattern
             )
-        except Exception as exc:  # noqa: BLE001 - outlines-core raises ValueError/others
+        except Exception as exc:
             raise GrammarError(f"json_schema is not supported: {exc}") from None
 
     # -- compilation: off the caller's thread, cached ------------------------------------
@@ -246,7 +246,7 @@ class GrammarCompiler:
             outcome: CompiledGrammar | GrammarError = self._build_grammar(regex)
         except GrammarError as exc:
             outcome = exc
-        except Exception as exc:  # noqa: BLE001 - outlines-core's errors are plain ValueErrors
+        except Exception as exc:
             outcome = GrammarError(f"cannot compile the pattern into an automaton: {exc}")
         timer.cancel()
         with self._lock:

@@ -62,7 +62,9 @@ class RotaryEmbedding(nn.Module):
             )
         if rope_type == "default":
             theta = rope_parameters(config)["rope_theta"]
-            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+            inv_freq = 1.0 / (
+                theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+            )
             scaling = 1.0
         else:  # the scaled variants exactly as transformers defines them
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
@@ -74,8 +76,10 @@ class RotaryEmbedding(nn.Module):
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype):
         """cos, sin (T, 1, D) at the given positions (T,)."""
-        return (self.cos[positions].unsqueeze(1).to(dtype),
-                self.sin[positions].unsqueeze(1).to(dtype))
+        return (
+            self.cos[positions].unsqueeze(1).to(dtype),
+            self.sin[positions].unsqueeze(1).to(dtype),
+        )
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -118,7 +122,10 @@ class Attention(nn.Module):
         k_batched = pool.k[self.layer_id][meta.kv_slots].transpose(1, 2)  # (B, Hkv, K, D)
         v_batched = pool.v[self.layer_id][meta.kv_slots].transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            q_batched, k_batched, v_batched, attn_mask=meta.mask,
+            q_batched,
+            k_batched,
+            v_batched,
+            attn_mask=meta.mask,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )  # (B, H, Q, D)
         batch, heads, max_q, dim = out.shape
@@ -170,15 +177,21 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = (
+            None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
         self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, pool: KVPool) -> torch.Tensor:
-        """input_ids: (T,) → final hidden states (T, hidden); K/V of every token land in the pool."""
+    def forward(
+        self, input_ids: torch.Tensor, meta: AttentionMetadata, pool: KVPool
+    ) -> torch.Tensor:
+        """input_ids: (T,) → final hidden states (T, hidden); each token's K/V goes to the pool."""
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
             x = layer(x, meta, pool)
@@ -196,16 +209,21 @@ class LlamaForCausalLM(nn.Module):
         for i in range(self.config.num_hidden_layers):
             p = f"model.layers.{i}."
             own[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat(
-                [state[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+                [state[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
+            )
             if p + "self_attn.q_proj.bias" in state:
                 own[f"layers.{i}.self_attn.qkv_proj.bias"] = torch.cat(
-                    [state[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+                    [state[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]
+                )
             own[f"layers.{i}.self_attn.o_proj.weight"] = state[p + "self_attn.o_proj.weight"]
             own[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
-                [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]])
+                [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]]
+            )
             own[f"layers.{i}.mlp.down_proj.weight"] = state[p + "mlp.down_proj.weight"]
             own[f"layers.{i}.input_layernorm"] = state[p + "input_layernorm.weight"]
-            own[f"layers.{i}.post_attention_layernorm"] = state[p + "post_attention_layernorm.weight"]
+            own[f"layers.{i}.post_attention_layernorm"] = state[
+                p + "post_attention_layernorm.weight"
+            ]
         own["embed_tokens.weight"] = state["model.embed_tokens.weight"]
         own["norm"] = state["model.norm.weight"]
         if not self.tied:
@@ -213,4 +231,6 @@ class LlamaForCausalLM(nn.Module):
         missing, unexpected = self.load_state_dict(own, strict=False, assign=True)
         missing = [m for m in missing if not m.startswith("rope.")]
         if missing or unexpected:
-            raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
+            raise ValueError(
+                f"weights do not fit the model: missing {missing}, unexpected {unexpected}"
+            )

@@ -83,41 +83,57 @@ class EngineBridge:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
 
-    async def submit(self, *, text: Any = None, input_ids: Any = None, sampling_params: Any = None,
-                     rid: Any = None, aliases: dict[str, str] | None = None,
-                     **options: Any) -> Submission:
+    async def submit(
+        self,
+        *,
+        text: Any = None,
+        input_ids: Any = None,
+        sampling_params: Any = None,
+        rid: Any = None,
+        aliases: dict[str, str] | None = None,
+        **options: Any,
+    ) -> Submission:
         """Validates and queues a generate call; a 400 ApiError names the bad field."""
         if (text is None) == (input_ids is None):
             raise ApiError(400, "give exactly one of text and input_ids", param="text")
         given = text if text is not None else input_ids
         single = isinstance(text, str) or (
-            input_ids is not None and bool(input_ids) and not isinstance(input_ids[0], list))
+            input_ids is not None and bool(input_ids) and not isinstance(input_ids[0], list)
+        )
         prompts = [given] if single else given
         if isinstance(rid, list) != (not single) and rid is not None:
-            raise ApiError(400, "rid must be a string for one prompt and a list for a list",
-                           param="rid")
-        client_rids = ([rid] if single else rid) if rid is not None else [
-            new_rid() for _ in prompts]
+            raise ApiError(
+                400, "rid must be a string for one prompt and a list for a list", param="rid"
+            )
+        client_rids = (
+            ([rid] if single else rid) if rid is not None else [new_rid() for _ in prompts]
+        )
         clash = [r for r in client_rids if r in self.running]
         if clash or len(set(client_rids)) != len(client_rids):
-            raise ApiError(400, f"rid {(clash or client_rids)[0]!r} is already in use",
-                           param="rid")
+            raise ApiError(400, f"rid {(clash or client_rids)[0]!r} is already in use", param="rid")
         for r in client_rids:
             self.running[r] = []
         # NOTE: the engine always sees a list, so every chunk carries its output "index"
         try:
             chunks = await self.call(
-                self.engine.generate, **({"prompt": prompts} if text is not None else
-                                         {"input_ids": prompts}),
-                sampling_params=sampling_params, rid=list(client_rids), stream=True, **options)
+                self.engine.generate,
+                **({"prompt": prompts} if text is not None else {"input_ids": prompts}),
+                sampling_params=sampling_params,
+                rid=list(client_rids),
+                stream=True,
+                **options,
+            )
         except ValueError as exc:
             self._release(client_rids)
             raise ApiError(400, str(exc), param=field_in(str(exc), aliases)) from None
         except BaseException:
             self._release(client_rids)
             raise
-        params = sampling_params if isinstance(sampling_params, list) else [
-            sampling_params] * len(prompts)
+        params = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params] * len(prompts)
+        )
         rids, stops = [], []
         for r, p in zip(client_rids, params):
             n = int((p or {}).get("n") or 1)
@@ -125,8 +141,9 @@ class EngineBridge:
             rids += self.running[r]
             stop = (p or {}).get("stop") or ()
             stops += [(stop,) if isinstance(stop, str) else tuple(stop)] * n
-        return Submission(single and len(rids) == 1, client_rids, rids, stops, chunks,
-                          time.perf_counter())
+        return Submission(
+            single and len(rids) == 1, client_rids, rids, stops, chunks, time.perf_counter()
+        )
 
     async def stream(self, sub: Submission) -> AsyncIterator[dict]:
         """The engine's chunks (cumulative, each with "index"); leaving early aborts the rest."""
@@ -145,7 +162,7 @@ class EngineBridge:
                     pending.discard(i)
                     self.metrics.observe_finished(chunk)
                 elif sub.stops[i]:
-                    chunk["text"] = chunk["text"][:stop_safe_len(chunk["text"], sub.stops[i])]
+                    chunk["text"] = chunk["text"][: stop_safe_len(chunk["text"], sub.stops[i])]
                 yield chunk
         finally:
             for i in pending:
@@ -215,16 +232,27 @@ def sse(payload: Any) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-_LOGPROB_KEYS = ("input_token_logprobs", "output_token_logprobs", "input_top_logprobs",
-                 "output_top_logprobs")
+_LOGPROB_KEYS = (
+    "input_token_logprobs",
+    "output_token_logprobs",
+    "input_top_logprobs",
+    "output_top_logprobs",
+)
 
 
 # --- the app -------------------------------------------------------------------------------------
 class _Gate:
     """ASGI middleware: API-key check (all but /health), Content-Length limit, HTTP counts."""
 
-    def __init__(self, app: Any, *, api_key: str | None, max_body_bytes: int,
-                 metrics: ServerMetrics, routes: set[str]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        metrics: ServerMetrics,
+        routes: set[str],
+    ) -> None:
         self.app, self.api_key, self.limit = app, api_key, max_body_bytes
         self.metrics, self.routes = metrics, routes
 
@@ -238,12 +266,14 @@ class _Gate:
         if self.api_key and path != "/health":
             auth = headers.get(b"authorization", b"").decode("latin-1")
             if not secrets.compare_digest(auth.encode(), f"Bearer {self.api_key}".encode()):
-                error = ApiError(401, "missing or invalid API key: send 'Authorization: Bearer "
-                                      "<key>'")
+                error = ApiError(
+                    401, "missing or invalid API key: send 'Authorization: Bearer <key>'"
+                )
         length = headers.get(b"content-length", b"")
         if error is None and length.isdigit() and int(length) > self.limit:
-            error = ApiError(413, f"request body of {int(length)} bytes exceeds the "
-                                  f"{self.limit}-byte limit")
+            error = ApiError(
+                413, f"request body of {int(length)} bytes exceeds the {self.limit}-byte limit"
+            )
         if error is not None:
             self.metrics.observe_http(route, error.status)
             return await error.response()(scope, receive, send)
@@ -256,18 +286,31 @@ class _Gate:
         await self.app(scope, receive, counting_send)
 
 
-def create_app(engine: Any, *, api_key: str | None = None, served_model_name: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+def create_app(
+    engine: Any,
+    *,
+    api_key: str | None = None,
+    served_model_name: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     """A FastAPI app serving `engine` (SGLang's native API, OpenAI's /v1, /metrics)."""
     from sgl_lite.backend.server.openai_api import add_openai_routes
 
-    app = FastAPI(title="sgl_lite", default_response_class=JsonResponse, docs_url=None,
-                  redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="sgl_lite",
+        default_response_class=JsonResponse,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     metrics = ServerMetrics(engine)
     bridge = EngineBridge(engine, metrics)
     config = engine.config
-    model_path = (config.model_path if config.model_path not in (None, "default")
-                  else str(engine.model_folder))
+    model_path = (
+        config.model_path
+        if config.model_path not in (None, "default")
+        else str(engine.model_folder)
+    )
     name = served_model_name or config.served_model_name or config.model_path or "default"
     app.state.engine, app.state.bridge, app.state.metrics = engine, bridge, metrics
     app.state.served_model_name = name
@@ -296,8 +339,9 @@ def create_app(engine: Any, *, api_key: str | None = None, served_model_name: st
     @app.get("/health_generate")
     async def health_generate() -> JSONResponse:
         try:
-            sub = await bridge.submit(text="ping", sampling_params={
-                "max_new_tokens": 1, "temperature": 0})
+            sub = await bridge.submit(
+                text="ping", sampling_params={"max_new_tokens": 1, "temperature": 0}
+            )
             await asyncio.wait_for(bridge.collect(sub), timeout=60)
         except (ApiError, asyncio.TimeoutError) as exc:
             raise ApiError(503, f"the engine did not generate: {exc}") from None
@@ -306,16 +350,30 @@ def create_app(engine: Any, *, api_key: str | None = None, served_model_name: st
     @app.get("/get_model_info")
     @app.get("/model_info")
     async def model_info() -> JSONResponse:
-        return JsonResponse({"model_path": model_path, "tokenizer_path": str(engine.model_folder),
-                             "is_generation": True, "served_model_name": name,
-                             "preferred_sampling_params": None, "weight_version": "default"})
+        return JsonResponse(
+            {
+                "model_path": model_path,
+                "tokenizer_path": str(engine.model_folder),
+                "is_generation": True,
+                "served_model_name": name,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+            }
+        )
 
     @app.get("/get_server_info")
     @app.get("/server_info")
     async def server_info() -> JSONResponse:
         info = await bridge.call(engine.get_server_info)
-        return JsonResponse({**info, "served_model_name": name, "version": _version(),
-                             "max_body_bytes": max_body_bytes, "api_key_required": bool(api_key)})
+        return JsonResponse(
+            {
+                **info,
+                "served_model_name": name,
+                "version": _version(),
+                "max_body_bytes": max_body_bytes,
+                "api_key_required": bool(api_key),
+            }
+        )
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> JSONResponse:
@@ -332,10 +390,16 @@ def create_app(engine: Any, *, api_key: str | None = None, served_model_name: st
     async def generate(request: Request) -> Response:
         req = parse(GenerateRequest, await read_json(request, max_body_bytes))
         sub = await bridge.submit(
-            text=req.text, input_ids=req.input_ids, sampling_params=req.sampling_params,
-            rid=req.rid, aliases={"prompt": "text"}, return_logprob=req.return_logprob,
-            logprob_start_len=req.logprob_start_len, top_logprobs_num=req.top_logprobs_num,
-            return_text_in_logprobs=req.return_text_in_logprobs)
+            text=req.text,
+            input_ids=req.input_ids,
+            sampling_params=req.sampling_params,
+            rid=req.rid,
+            aliases={"prompt": "text"},
+            return_logprob=req.return_logprob,
+            logprob_start_len=req.logprob_start_len,
+            top_logprobs_num=req.top_logprobs_num,
+            return_text_in_logprobs=req.return_text_in_logprobs,
+        )
         if not req.stream:
             results = await bridge.collect(sub, request)
             if sub.single:
@@ -344,25 +408,29 @@ def create_app(engine: Any, *, api_key: str | None = None, served_model_name: st
             return JsonResponse(results)
         chunks = bridge.stream(sub)
         first = await first_chunk_or_error(chunks)
-        return StreamingResponse(_native_events(sub, first, chunks),
-                                 media_type="text/event-stream")
+        return StreamingResponse(_native_events(sub, first, chunks), media_type="text/event-stream")
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
         return Response(await bridge.call(metrics.render), media_type=CONTENT_TYPE)
 
-    add_openai_routes(app, bridge, served_model_name=name,
-                      accepted_names={"default", name, config.model_path or "default",
-                                      str(engine.model_folder)},
-                      max_body_bytes=max_body_bytes)
+    add_openai_routes(
+        app,
+        bridge,
+        served_model_name=name,
+        accepted_names={"default", name, config.model_path or "default", str(engine.model_folder)},
+        max_body_bytes=max_body_bytes,
+    )
     routes = {getattr(r, "path", "") for r in app.routes}
-    app.add_middleware(_Gate, api_key=api_key, max_body_bytes=max_body_bytes, metrics=metrics,
-                       routes=routes)
+    app.add_middleware(
+        _Gate, api_key=api_key, max_body_bytes=max_body_bytes, metrics=metrics, routes=routes
+    )
     return app
 
 
-async def _native_events(sub: Submission, first: dict | None,
-                         chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+async def _native_events(
+    sub: Submission, first: dict | None, chunks: AsyncIterator[dict]
+) -> AsyncIterator[str]:
     """SGLang's SSE stream: cumulative text, logprob lists sliced to the entries that are new."""
     sent: dict[tuple[int, str], int] = {}
     async with contextlib.aclosing(chunks):
@@ -389,5 +457,5 @@ def _version() -> str:
         from importlib.metadata import version
 
         return version("sgl_lite")
-    except Exception:  # noqa: BLE001 - not installed as a distribution
+    except Exception:
         return "0.0.0"

@@ -28,8 +28,13 @@ from sgl_lite.backend.server.protocol import (
 )
 
 # Engine field names as OpenAI clients spell them, for the `param` of an error.
-_ALIASES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
-            "sampling_seed": "seed", "text": "prompt", "input_ids": "prompt"}
+_ALIASES = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "sampling_seed": "seed",
+    "text": "prompt",
+    "input_ids": "prompt",
+}
 
 # `response_format: {"type": "json_object"}`: any JSON object nested at most two levels deep.
 # NOTE: a bounded regex compiles in ~1 s; outlines' regex for the schema {"type": "object"} takes
@@ -49,22 +54,43 @@ def _object(value: str) -> str:
 JSON_OBJECT_REGEX = _object(rf"({_SCALAR}|{_ARRAY}|{_object(rf'({_SCALAR}|{_ARRAY})')})")
 
 
-def add_openai_routes(app: FastAPI, bridge: EngineBridge, *, served_model_name: str,
-                      accepted_names: set[str], max_body_bytes: int) -> None:
+def add_openai_routes(
+    app: FastAPI,
+    bridge: EngineBridge,
+    *,
+    served_model_name: str,
+    accepted_names: set[str],
+    max_body_bytes: int,
+) -> None:
     """Adds the /v1 routes to `app`."""
     engine = bridge.engine
 
     def check_model(model: str | None) -> None:
         if model is not None and model not in accepted_names:
-            raise ApiError(404, f"model {model!r} does not exist; this server serves "
-                                f"{served_model_name!r}", param="model", type="NotFoundError")
+            raise ApiError(
+                404,
+                f"model {model!r} does not exist; this server serves {served_model_name!r}",
+                param="model",
+                type="NotFoundError",
+            )
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JsonResponse({"object": "list", "data": [{
-            "id": served_model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "sgl_lite", "root": served_model_name,
-            "max_model_len": engine.runner.context_length}]})
+        return JsonResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": served_model_name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "sgl_lite",
+                        "root": served_model_name,
+                        "max_model_len": engine.runner.context_length,
+                    }
+                ],
+            }
+        )
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -77,21 +103,46 @@ def add_openai_routes(app: FastAPI, bridge: EngineBridge, *, served_model_name: 
         params = req.sampling_params(16 if req.max_tokens is None else req.max_tokens)
         want_logprobs = req.logprobs is not None
         sub = await bridge.submit(
-            **({"input_ids": prompt} if is_ids else {"text": prompt}), sampling_params=params,
-            rid=req.rid, aliases=_ALIASES, return_logprob=want_logprobs,
+            **({"input_ids": prompt} if is_ids else {"text": prompt}),
+            sampling_params=params,
+            rid=req.rid,
+            aliases=_ALIASES,
+            return_logprob=want_logprobs,
             logprob_start_len=0 if want_logprobs and req.echo else -1,
-            top_logprobs_num=req.logprobs or 0, return_text_in_logprobs=True)
+            top_logprobs_num=req.logprobs or 0,
+            return_text_in_logprobs=True,
+        )
         reply = _Reply("cmpl", "text_completion", served_model_name, req.n)
-        echo = [_prompt_text(engine, prompt, i // req.n) for i in range(len(sub.rids))] if (
-            req.echo) else None
+        echo = (
+            [_prompt_text(engine, prompt, i // req.n) for i in range(len(sub.rids))]
+            if (req.echo)
+            else None
+        )
         if req.stream:
-            return await _streaming(sub, bridge, lambda c, s: reply.completion_chunk(c, s, echo),
-                                    reply, req.stream_options and req.stream_options.include_usage)
+            return await _streaming(
+                sub,
+                bridge,
+                lambda c, s: reply.completion_chunk(c, s, echo),
+                reply,
+                req.stream_options and req.stream_options.include_usage,
+            )
         results = await bridge.collect(sub, request)
-        return JsonResponse(reply.body([{
-            "index": i, "text": (echo[i] if echo else "") + r["text"],
-            "logprobs": _completion_logprobs(r["meta_info"], 0, req.echo) if want_logprobs
-            else None, **_finish(r["meta_info"])} for i, r in enumerate(results)], results))
+        return JsonResponse(
+            reply.body(
+                [
+                    {
+                        "index": i,
+                        "text": (echo[i] if echo else "") + r["text"],
+                        "logprobs": _completion_logprobs(r["meta_info"], 0, req.echo)
+                        if want_logprobs
+                        else None,
+                        **_finish(r["meta_info"]),
+                    }
+                    for i, r in enumerate(results)
+                ],
+                results,
+            )
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
@@ -99,16 +150,20 @@ def add_openai_routes(app: FastAPI, bridge: EngineBridge, *, served_model_name: 
         check_model(req.model)
         if req.top_logprobs and not req.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in req.messages]
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in req.messages
+        ]
         try:
-            text = engine.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                        add_generation_prompt=True)
-        except Exception as exc:  # noqa: BLE001 - a template error is the messages' fault
+            text = engine.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:
             raise ApiError(400, f"chat template failed: {exc}", param="messages") from None
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else (
-            req.max_tokens)
+        max_tokens = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else (req.max_tokens)
+        )
         if max_tokens is None:  # until EOS: whatever room the context and the pool leave
             room = min(engine.runner.context_length, engine.runner.pool.num_slots - 1)
             max_tokens = max(room - len(ids), 0)
@@ -116,33 +171,62 @@ def add_openai_routes(app: FastAPI, bridge: EngineBridge, *, served_model_name: 
         fmt = req.response_format
         if fmt is not None and fmt.type != "text":
             if req.regex is not None or req.json_schema is not None:
-                raise ApiError(400, "give one of response_format, regex and json_schema",
-                               param="response_format")
+                raise ApiError(
+                    400,
+                    "give one of response_format, regex and json_schema",
+                    param="response_format",
+                )
             if fmt.type == "json_schema":
                 if fmt.json_schema is None:
-                    raise ApiError(400, "response_format json_schema needs its json_schema field",
-                                   param="response_format.json_schema")
+                    raise ApiError(
+                        400,
+                        "response_format json_schema needs its json_schema field",
+                        param="response_format.json_schema",
+                    )
                 params["json_schema"] = json.dumps(fmt.json_schema.schema_)
             else:
                 params["regex"] = JSON_OBJECT_REGEX
         sub = await bridge.submit(
-            input_ids=ids, sampling_params=params, rid=req.rid,
-            aliases={**_ALIASES, "input_ids": "messages"}, return_logprob=req.logprobs,
-            top_logprobs_num=req.top_logprobs or 0, return_text_in_logprobs=True)
+            input_ids=ids,
+            sampling_params=params,
+            rid=req.rid,
+            aliases={**_ALIASES, "input_ids": "messages"},
+            return_logprob=req.logprobs,
+            top_logprobs_num=req.top_logprobs or 0,
+            return_text_in_logprobs=True,
+        )
         reply = _Reply("chatcmpl", "chat.completion", served_model_name, req.n)
         if req.stream:
-            return await _streaming(sub, bridge, reply.chat_chunk, reply,
-                                    req.stream_options and req.stream_options.include_usage)
+            return await _streaming(
+                sub,
+                bridge,
+                reply.chat_chunk,
+                reply,
+                req.stream_options and req.stream_options.include_usage,
+            )
         results = await bridge.collect(sub, request)
-        return JsonResponse(reply.body([{
-            "index": i, "message": {"role": "assistant", "content": r["text"]},
-            "logprobs": _chat_logprobs(r["meta_info"], 0) if req.logprobs else None,
-            **_finish(r["meta_info"])} for i, r in enumerate(results)], results))
+        return JsonResponse(
+            reply.body(
+                [
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": r["text"]},
+                        "logprobs": _chat_logprobs(r["meta_info"], 0) if req.logprobs else None,
+                        **_finish(r["meta_info"]),
+                    }
+                    for i, r in enumerate(results)
+                ],
+                results,
+            )
+        )
 
 
 def _prompt_text(engine: Any, prompt: Any, i: int) -> str:
-    item = prompt if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else (
-        prompt[i])
+    item = (
+        prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))
+        else (prompt[i])
+    )
     return item if isinstance(item, str) else engine.tokenizer.decode(item)
 
 
@@ -161,21 +245,34 @@ def _chat_logprobs(meta: dict[str, Any], start: int) -> dict[str, Any]:
         text = text or ""
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
-    return {"content": [
-        {**item(lp, text), "top_logprobs": [item(tl, tt) for tl, _, tt in (
-            tops[k] if k < len(tops) and tops[k] else [])]}
-        for k, (lp, _, text) in enumerate(entries) if k >= start]}
+    return {
+        "content": [
+            {
+                **item(lp, text),
+                "top_logprobs": [
+                    item(tl, tt) for tl, _, tt in (tops[k] if k < len(tops) and tops[k] else [])
+                ],
+            }
+            for k, (lp, _, text) in enumerate(entries)
+            if k >= start
+        ]
+    }
 
 
-def _completion_logprobs(meta: dict[str, Any], start: int, echo: bool,
-                         offset: int = 0) -> dict[str, Any]:
+def _completion_logprobs(
+    meta: dict[str, Any], start: int, echo: bool, offset: int = 0
+) -> dict[str, Any]:
     entries = list(meta.get("output_token_logprobs") or [])[start:]
     tops = list(meta.get("output_top_logprobs") or [])[start:]
     if echo:
         entries = list(meta.get("input_token_logprobs") or []) + entries
         tops = list(meta.get("input_top_logprobs") or []) + tops
-    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
-                            "text_offset": []}
+    out: dict[str, list] = {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
     for k, (lp, _, text) in enumerate(entries):
         text = text or ""
         out["tokens"].append(text)
@@ -202,26 +299,41 @@ class _Reply:
         metas = [r["meta_info"] for r in results if r]
         prompt = sum(m["prompt_tokens"] for m in metas[:: self.n])
         completion = sum(m["completion_tokens"] for m in metas)
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": sum(
-                    m["cached_tokens"] for m in metas[:: self.n])}}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {
+                "cached_tokens": sum(m["cached_tokens"] for m in metas[:: self.n])
+            },
+        }
 
     def body(self, choices: list[dict], results: list[dict]) -> dict[str, Any]:
-        return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model,
-                "choices": choices, "usage": self.usage(results)}
+        return {
+            "id": self.id,
+            "object": self.kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage(results),
+        }
 
     def chunk(self, choices: list[dict], usage: dict | None = None) -> dict[str, Any]:
-        return {"id": self.id, "object": f"{self.kind}.chunk" if self.kind.startswith("chat")
-                else self.kind, "created": self.created, "model": self.model,
-                "choices": choices, "usage": usage}
+        return {
+            "id": self.id,
+            "object": f"{self.kind}.chunk" if self.kind.startswith("chat") else self.kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage,
+        }
 
     def _delta(self, chunk: dict) -> str:
         i, text = chunk["index"], chunk["text"]
         sent = self.sent.get(i, "")
         if len(text) > len(sent):
             self.sent[i] = text
-            return text[len(sent):]
+            return text[len(sent) :]
         return ""
 
     def _new_logprobs(self, chunk: dict) -> int:
@@ -237,14 +349,17 @@ class _Reply:
         finish = _finish(meta)
         if not delta and not first and finish["finish_reason"] is None:
             return None
-        choice = {"index": i,
-                  "delta": {"role": "assistant", "content": delta} if first else {"content": delta},
-                  "logprobs": _chat_logprobs(meta, start) if "output_token_logprobs" in meta
-                  else None, **finish}
+        choice = {
+            "index": i,
+            "delta": {"role": "assistant", "content": delta} if first else {"content": delta},
+            "logprobs": _chat_logprobs(meta, start) if "output_token_logprobs" in meta else None,
+            **finish,
+        }
         return self.chunk([choice])
 
-    def completion_chunk(self, chunk: dict, first: bool,
-                         echo: list[str] | None) -> dict[str, Any] | None:
+    def completion_chunk(
+        self, chunk: dict, first: bool, echo: list[str] | None
+    ) -> dict[str, Any] | None:
         i, meta = chunk["index"], chunk["meta_info"]
         delta = self._delta(chunk)
         start = self._new_logprobs(chunk)
@@ -253,14 +368,19 @@ class _Reply:
             delta = echo[i] + delta
         if not delta and finish["finish_reason"] is None:
             return None
-        logprobs = (_completion_logprobs(meta, start, echo is not None and first,
-                                         len(self.sent.get(i, "")) - len(delta))
-                    if "output_token_logprobs" in meta else None)
+        logprobs = (
+            _completion_logprobs(
+                meta, start, echo is not None and first, len(self.sent.get(i, "")) - len(delta)
+            )
+            if "output_token_logprobs" in meta
+            else None
+        )
         return self.chunk([{"index": i, "text": delta, "logprobs": logprobs, **finish}])
 
 
-async def _streaming(sub: Submission, bridge: EngineBridge, convert: Any, reply: _Reply,
-                     include_usage: bool | None) -> StreamingResponse:
+async def _streaming(
+    sub: Submission, bridge: EngineBridge, convert: Any, reply: _Reply, include_usage: bool | None
+) -> StreamingResponse:
     chunks = bridge.stream(sub)
     first = await first_chunk_or_error(chunks)
 

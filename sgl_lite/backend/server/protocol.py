@@ -78,14 +78,23 @@ class _SamplingFields(_Wire):
     def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
         """SGLang sampling params for the engine (it checks the values)."""
         params = {
-            "max_new_tokens": max_new_tokens, "min_new_tokens": self.min_tokens,
-            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-            "min_p": self.min_p, "presence_penalty": self.presence_penalty,
+            "max_new_tokens": max_new_tokens,
+            "min_new_tokens": self.min_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty, "stop": self.stop,
-            "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos,
-            "skip_special_tokens": self.skip_special_tokens, "no_stop_trim": self.no_stop_trim,
-            "n": self.n, "sampling_seed": self.seed, "regex": self.regex,
+            "repetition_penalty": self.repetition_penalty,
+            "stop": self.stop,
+            "stop_token_ids": self.stop_token_ids,
+            "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens,
+            "no_stop_trim": self.no_stop_trim,
+            "n": self.n,
+            "sampling_seed": self.seed,
+            "regex": self.regex,
             "json_schema": self.json_schema,
         }
         return {k: v for k, v in params.items() if v is not None}
@@ -145,17 +154,23 @@ class ChatCompletionRequest(_SamplingFields):
 class ApiError(Exception):
     """An error answered with `error_body` and an HTTP status."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 type: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, type: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
-        self.type = type or {400: "BadRequestError", 401: "AuthenticationError",
-                             404: "NotFoundError", 413: "RequestTooLargeError"}.get(
-            status, "InternalServerError" if status >= 500 else "BadRequestError")
+        self.type = type or {
+            400: "BadRequestError",
+            401: "AuthenticationError",
+            404: "NotFoundError",
+            413: "RequestTooLargeError",
+        }.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
 
     def response(self) -> JSONResponse:
-        return JsonResponse(error_body(self.message, type=self.type, param=self.param,
-                                       code=self.status), status_code=self.status)
+        return JsonResponse(
+            error_body(self.message, type=self.type, param=self.param, code=self.status),
+            status_code=self.status,
+        )
 
 
 class JsonResponse(JSONResponse):
@@ -165,26 +180,55 @@ class JsonResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-_FIELDS = ("input_ids", "text", "prompt", "sampling_params", "rid", "logprob_start_len",
-           "top_logprobs_num", "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k",
-           "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
-           "stop_token_ids", "stop", "n", "sampling_seed", "regex", "json_schema", "messages")
+_FIELDS = (
+    "input_ids",
+    "text",
+    "prompt",
+    "sampling_params",
+    "rid",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "max_new_tokens",
+    "min_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "stop_token_ids",
+    "stop",
+    "n",
+    "sampling_seed",
+    "regex",
+    "json_schema",
+    "messages",
+)
 
 
 def field_in(message: str, aliases: dict[str, str] | None = None) -> str | None:
     """The first request field a (engine) error message names, in the caller's own spelling."""
     if message.startswith("unknown sampling param"):
         return (aliases or {}).get("sampling_params", "sampling_params")
-    hits = [(m.start(), name) for name in _FIELDS
-            if (m := re.search(rf"(?<![\w.]){name}(?![\w])", message))]
+    hits = [
+        (m.start(), name)
+        for name in _FIELDS
+        if (m := re.search(rf"(?<![\w.]){name}(?![\w])", message))
+    ]
     if not hits:
         return None
     name = min(hits)[1]
     return (aliases or {}).get(name, name)
 
 
-def error_body(message: str, *, type: str = "BadRequestError", param: str | None = None,
-               code: int | str | None = 400) -> dict[str, Any]:
+def error_body(
+    message: str,
+    *,
+    type: str = "BadRequestError",
+    param: str | None = None,
+    code: int | str | None = 400,
+) -> dict[str, Any]:
     """The error JSON every endpoint answers with: `{"error": {message, type, param, code}}`."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 

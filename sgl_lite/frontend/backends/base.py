@@ -58,8 +58,9 @@ class Backend:
         """Like `generate`, yielding results with the cumulative text; the last has full meta."""
         yield self.generate(prompt, request)
 
-    def select(self, prompt: Prompt, choices: Sequence[str],
-               method: ChoicesMethod) -> ChoicesDecision:
+    def select(
+        self, prompt: Prompt, choices: Sequence[str], method: ChoicesMethod
+    ) -> ChoicesDecision:
         """Scores every choice as a continuation of `prompt.text` and lets `method` decide."""
         raise NotImplementedError(f"{type(self).__name__} does not support select")
 

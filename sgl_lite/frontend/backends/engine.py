@@ -24,8 +24,14 @@ from sgl_lite.frontend.choices import (
 class EngineBackend(Backend):
     """Runs programs on an in-process Engine (`engine=` an existing one, or built from kwargs)."""
 
-    def __init__(self, model_path: str | None = None, *, engine: Any = None,
-                 chat_template: ChatTemplate | str | None = None, **engine_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_path: str | None = None,
+        *,
+        engine: Any = None,
+        chat_template: ChatTemplate | str | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
         if engine is None:
             from sgl_lite.backend.engine import Engine
 
@@ -58,8 +64,7 @@ class EngineBackend(Backend):
 
     def generate_stream(self, prompt: Prompt, request: GenRequest) -> Iterator[GenResult]:
         last = None
-        for chunk in self.engine.generate(prompt=prompt.text, stream=True,
-                                          **self._kwargs(request)):
+        for chunk in self.engine.generate(prompt=prompt.text, stream=True, **self._kwargs(request)):
             last = chunk
             yield GenResult(chunk["text"], chunk.get("meta_info", {}))
         if last is not None:
@@ -69,8 +74,9 @@ class EngineBackend(Backend):
         self.engine.generate(prompt=text, sampling_params={"max_new_tokens": 0})
 
     # --- select -------------------------------------------------------------------------------
-    def select(self, prompt: Prompt, choices: Sequence[str],
-               method: ChoicesMethod) -> ChoicesDecision:
+    def select(
+        self, prompt: Prompt, choices: Sequence[str], method: ChoicesMethod
+    ) -> ChoicesDecision:
         prefix_ids = self.tokenizer.encode(prompt.text, add_special_tokens=False)
         toks = [choice_tokens(self.tokenizer, prompt.text, c, prefix_ids) for c in choices]
         start = min(t.start for t in toks)
@@ -78,25 +84,31 @@ class EngineBackend(Backend):
             # NOTE: prefill once so the scoring batch below finds the prefix in the cache.
             self.engine.generate(input_ids=prefix_ids, sampling_params={"max_new_tokens": 0})
         outs = self.engine.generate(
-            input_ids=[t.ids for t in toks], sampling_params={"max_new_tokens": 0},
-            return_logprob=True, logprob_start_len=start)
+            input_ids=[t.ids for t in toks],
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=start,
+        )
         scored = []
         for t, out in zip(toks, outs):
             entries = out["meta_info"]["input_token_logprobs"]
-            entries = _align(entries, t.ids, start)[t.start - start:]
+            entries = _align(entries, t.ids, start)[t.start - start :]
             scored.append(logprob_values(entries))
         uncond = None
         if method.requires_unconditional_logprobs:
-            uncond = self._unconditional([t.ids[t.start:] for t in toks])
-        decision = method(choices=choices, token_logprobs=scored,
-                          unconditional_token_logprobs=uncond)
+            uncond = self._unconditional([t.ids[t.start :] for t in toks])
+        decision = method(
+            choices=choices, token_logprobs=scored, unconditional_token_logprobs=uncond
+        )
         meta = dict(decision.meta_info)
-        meta.update({
-            "prompt_tokens": len(prefix_ids),
-            "choice_tokens": [len(t.ids) - t.start for t in toks],
-            "boundary_merged": [t.merged for t in toks],
-            "cached_tokens": [o["meta_info"].get("cached_tokens") for o in outs],
-        })
+        meta.update(
+            {
+                "prompt_tokens": len(prefix_ids),
+                "choice_tokens": [len(t.ids) - t.start for t in toks],
+                "boundary_merged": [t.merged for t in toks],
+                "cached_tokens": [o["meta_info"].get("cached_tokens") for o in outs],
+            }
+        )
         return ChoicesDecision(decision.decision, meta)
 
     def _unconditional(self, choice_ids: list[list[int]]) -> list[list[float]]:
@@ -104,9 +116,12 @@ class EngineBackend(Backend):
         bos = self.tokenizer.bos_token_id
         head = [bos] if bos is not None else []
         outs = self.engine.generate(
-            input_ids=[head + ids for ids in choice_ids], sampling_params={"max_new_tokens": 0},
-            return_logprob=True, logprob_start_len=0)
-        return [logprob_values(o["meta_info"]["input_token_logprobs"][len(head):]) for o in outs]
+            input_ids=[head + ids for ids in choice_ids],
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=0,
+        )
+        return [logprob_values(o["meta_info"]["input_token_logprobs"][len(head) :]) for o in outs]
 
     # --- admin --------------------------------------------------------------------------------
     def flush_cache(self) -> bool:
@@ -123,10 +138,12 @@ def _align(entries: list, ids: list[int], start: int) -> list:
     """Checks that logprob entries cover `ids[start:]` (one per token) and returns them."""
     want = ids[start:]
     if len(entries) != len(want) or any(
-            e[1] is not None and e[1] != tid for e, tid in zip(entries, want)):
+        e[1] is not None and e[1] != tid for e, tid in zip(entries, want)
+    ):
         raise RuntimeError(
             f"engine returned {len(entries)} input logprobs from position {start} for a "
-            f"{len(ids)}-token prompt; expected one per token {want[:8]}...")
+            f"{len(ids)}-token prompt; expected one per token {want[:8]}..."
+        )
     return entries
 
 

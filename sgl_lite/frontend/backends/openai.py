@@ -16,11 +16,24 @@ from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prom
 from sgl_lite.frontend.chat_template import ChatTemplate, get_chat_template_by_model_path
 from sgl_lite.frontend.choices import ChoicesDecision, ChoicesMethod
 
-_STANDARD = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
-             "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-             "stop": "stop"}
-_EXTRA = ("top_k", "min_p", "regex", "json_schema", "ignore_eos", "min_new_tokens",
-          "stop_token_ids", "repetition_penalty")
+_STANDARD = {
+    "max_new_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "stop": "stop",
+}
+_EXTRA = (
+    "top_k",
+    "min_p",
+    "regex",
+    "json_schema",
+    "ignore_eos",
+    "min_new_tokens",
+    "stop_token_ids",
+    "repetition_penalty",
+)
 _COMPLETION_MODELS = ("gpt-3.5-turbo-instruct", "davinci", "babbage")
 _NEUTRAL = {"top_k": -1, "min_p": 0.0, "ignore_eos": False, "stop_token_ids": []}
 
@@ -28,17 +41,27 @@ _NEUTRAL = {"top_k": -1, "min_p": 0.0, "ignore_eos": False, "stop_token_ids": []
 class OpenAI(Backend):
     """`OpenAI(model_name, base_url=..., api_key=...)`."""
 
-    def __init__(self, model_name: str, base_url: str | None = None, api_key: str | None = None,
-                 *, is_chat_model: bool | None = None, chat_template: ChatTemplate | None = None,
-                 **client_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        is_chat_model: bool | None = None,
+        chat_template: ChatTemplate | None = None,
+        **client_kwargs: Any,
+    ) -> None:
         try:
             import openai
         except ImportError as exc:
-            raise ImportError("the OpenAI backend needs the `openai` package: "
-                              "pip install openai") from exc
-        self.client = openai.OpenAI(base_url=base_url,
-                                    api_key=api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"),
-                                    **client_kwargs)
+            raise ImportError(
+                "the OpenAI backend needs the `openai` package: pip install openai"
+            ) from exc
+        self.client = openai.OpenAI(
+            base_url=base_url,
+            api_key=api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"),
+            **client_kwargs,
+        )
         self.model_name = model_name
         if is_chat_model is None:  # OpenAI's own completion-only models; others are chat
             is_chat_model = not any(k in model_name for k in _COMPLETION_MODELS)
@@ -65,18 +88,19 @@ class OpenAI(Backend):
                 f"OpenAI backend with chat model {self.model_name!r}: gen() must come right "
                 "after assistant_begin() (or be the whole content of assistant(...)), since "
                 "chat completions continue whole messages; pass is_chat_model=False to use "
-                "text completions")
+                "text completions"
+            )
         return True
 
     def generate(self, prompt: Prompt, request: GenRequest) -> GenResult:
         args = self._args(request)
         if self._use_chat(prompt):
             resp = self.client.chat.completions.create(
-                model=self.model_name, messages=list(prompt.messages), **args)
+                model=self.model_name, messages=list(prompt.messages), **args
+            )
             text = resp.choices[0].message.content or ""
         else:
-            resp = self.client.completions.create(model=self.model_name, prompt=prompt.text,
-                                                  **args)
+            resp = self.client.completions.create(model=self.model_name, prompt=prompt.text, **args)
             text = resp.choices[0].text
         return GenResult(text, _meta(resp))
 
@@ -85,10 +109,12 @@ class OpenAI(Backend):
         chat = self._use_chat(prompt)
         if chat:
             chunks = self.client.chat.completions.create(
-                model=self.model_name, messages=list(prompt.messages), stream=True, **args)
+                model=self.model_name, messages=list(prompt.messages), stream=True, **args
+            )
         else:
             chunks = self.client.completions.create(
-                model=self.model_name, prompt=prompt.text, stream=True, **args)
+                model=self.model_name, prompt=prompt.text, stream=True, **args
+            )
         text = ""
         for chunk in chunks:
             if not chunk.choices:
@@ -97,16 +123,23 @@ class OpenAI(Backend):
             text += (c.delta.content or "") if chat else (c.text or "")
             yield GenResult(text, {"finish_reason": c.finish_reason})
 
-    def select(self, prompt: Prompt, choices: Sequence[str],
-               method: ChoicesMethod) -> ChoicesDecision:
+    def select(
+        self, prompt: Prompt, choices: Sequence[str], method: ChoicesMethod
+    ) -> ChoicesDecision:
         if method.requires_unconditional_logprobs:
             raise NotImplementedError(
                 "unconditional_likelihood_normalized is not supported by the OpenAI backend; "
-                "use token_length_normalized or the RuntimeEndpoint backend")
+                "use token_length_normalized or the RuntimeEndpoint backend"
+            )
         try:
             resp = self.client.completions.create(
-                model=self.model_name, prompt=[prompt.text + c for c in choices], max_tokens=0,
-                echo=True, logprobs=1, temperature=0)
+                model=self.model_name,
+                prompt=[prompt.text + c for c in choices],
+                max_tokens=0,
+                echo=True,
+                logprobs=1,
+                temperature=0,
+            )
         except Exception as exc:  # the server's own error, restated
             raise NotImplementedError(
                 f"select needs prompt logprobs (/v1/completions with echo=True, logprobs=1), "
@@ -118,11 +151,17 @@ class OpenAI(Backend):
         for c in by_index:
             lp = c.logprobs
             if lp is None or not lp.token_logprobs:
-                raise NotImplementedError(f"the server returned no prompt logprobs for select "
-                                          f"with {self.model_name!r}")
+                raise NotImplementedError(
+                    f"the server returned no prompt logprobs for select with {self.model_name!r}"
+                )
             # A token belongs to the choice when it ends past the prefix (it may straddle).
-            scored.append([v for tok, off, v in zip(lp.tokens, lp.text_offset, lp.token_logprobs)
-                           if off + len(tok) > len(prompt.text) and v is not None])
+            scored.append(
+                [
+                    v
+                    for tok, off, v in zip(lp.tokens, lp.text_offset, lp.token_logprobs)
+                    if off + len(tok) > len(prompt.text) and v is not None
+                ]
+            )
         return method(choices=choices, token_logprobs=scored)
 
     def get_server_info(self) -> dict[str, Any]:

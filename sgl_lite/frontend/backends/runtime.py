@@ -13,8 +13,14 @@ from sgl_lite.frontend.backends.base import Backend
 
 
 class Runtime:
-    def __init__(self, model_path_or_url: str | None = None, *, model_path: str | None = None,
-                 api_key: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_path_or_url: str | None = None,
+        *,
+        model_path: str | None = None,
+        api_key: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         target = model_path if model_path is not None else model_path_or_url
         if model_path is not None and model_path_or_url is not None:
             raise TypeError("Runtime() takes a model path or a URL once, not both")
@@ -43,8 +49,10 @@ class Runtime:
 
         unknown = [k for k in run_kwargs if k not in sampling.RUN_ARGS]
         if unknown:
-            raise TypeError(f"Runtime.run(): unknown argument(s) {unknown}; it takes the "
-                            f"expressions and run() defaults {list(sampling.RUN_ARGS)}")
+            raise TypeError(
+                f"Runtime.run(): unknown argument(s) {unknown}; it takes the "
+                f"expressions and run() defaults {list(sampling.RUN_ARGS)}"
+            )
         state = ProgramState(self.backend, sampling.run_defaults(run_kwargs), name="run")
         for expr in exprs:
             state += expr

@@ -31,9 +31,17 @@ _WINDOW = 8  # tokens before the prefix's end that a choice's first token may me
 class RuntimeEndpoint(Backend):
     """`RuntimeEndpoint("http://localhost:30000", api_key=None)`."""
 
-    def __init__(self, base_url: str, api_key: str | None = None, *,
-                 chat_template: ChatTemplate | str | None = None, timeout: float = 600.0,
-                 connect_timeout: float = 5.0, retries: int = 3, backoff: float = 0.5) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        chat_template: ChatTemplate | str | None = None,
+        timeout: float = 600.0,
+        connect_timeout: float = 5.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+    ) -> None:
         import requests
 
         self._requests = requests
@@ -45,7 +53,8 @@ class RuntimeEndpoint(Backend):
         if isinstance(chat_template, str):
             chat_template = get_chat_template(chat_template)
         self.chat_template = chat_template or get_chat_template_by_model_path(
-            self.model_info.get("model_path"))
+            self.model_info.get("model_path")
+        )
 
     # --- HTTP ----------------------------------------------------------------------------------
     def _headers(self) -> dict[str, str]:
@@ -55,19 +64,27 @@ class RuntimeEndpoint(Backend):
         requests = self._requests
         for attempt in range(self.retries + 1):
             try:
-                resp = requests.request(method, self.base_url + path, json=body, stream=stream,
-                                        headers=self._headers(), timeout=self.timeout)
+                resp = requests.request(
+                    method,
+                    self.base_url + path,
+                    json=body,
+                    stream=stream,
+                    headers=self._headers(),
+                    timeout=self.timeout,
+                )
                 break
             except requests.ConnectionError as exc:
                 if attempt == self.retries:
                     raise ConnectionError(
                         f"cannot reach the server at {self.base_url} ({exc.__class__.__name__}) "
                         f"after {self.retries + 1} tries: start one with `python -m "
-                        "sgl_lite.launch_server --port 30000` or check the URL") from exc
+                        "sgl_lite.launch_server --port 30000` or check the URL"
+                    ) from exc
                 time.sleep(self.backoff * 2**attempt)
         if resp.status_code >= 400:
-            raise RuntimeError(f"{method} {path} failed with HTTP {resp.status_code}: "
-                               f"{_error_message(resp)}")
+            raise RuntimeError(
+                f"{method} {path} failed with HTTP {resp.status_code}: {_error_message(resp)}"
+            )
         return resp
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
@@ -82,7 +99,8 @@ class RuntimeEndpoint(Backend):
 
     def _body(self, prompt: Prompt, request: GenRequest) -> dict[str, Any]:
         return {
-            "text": prompt.text, "sampling_params": dict(request.sampling_params),
+            "text": prompt.text,
+            "sampling_params": dict(request.sampling_params),
             "return_logprob": request.return_logprob,
             "logprob_start_len": request.logprob_start_len,
             "top_logprobs_num": request.top_logprobs_num,
@@ -95,12 +113,13 @@ class RuntimeEndpoint(Backend):
         return GenResult(out["text"], out.get("meta_info", {}))
 
     def generate_stream(self, prompt: Prompt, request: GenRequest) -> Iterator[GenResult]:
-        resp = self._send("POST", "/generate", {**self._body(prompt, request), "stream": True},
-                          stream=True)
+        resp = self._send(
+            "POST", "/generate", {**self._body(prompt, request), "stream": True}, stream=True
+        )
         for line in resp.iter_lines(decode_unicode=True):
             if not line or not line.startswith("data:"):
                 continue
-            data = line[len("data:"):].strip()
+            data = line[len("data:") :].strip()
             if data == "[DONE]":
                 break
             chunk = json.loads(data)
@@ -112,18 +131,28 @@ class RuntimeEndpoint(Backend):
         self._generate({"text": text, "sampling_params": {"max_new_tokens": 0}})
 
     # --- select -------------------------------------------------------------------------------
-    def select(self, prompt: Prompt, choices: Sequence[str],
-               method: ChoicesMethod) -> ChoicesDecision:
+    def select(
+        self, prompt: Prompt, choices: Sequence[str], method: ChoicesMethod
+    ) -> ChoicesDecision:
         # The prefill also tells us the prefix's token ids (the server tokenizes).
-        pre = self._generate({"text": prompt.text, "sampling_params": {"max_new_tokens": 0},
-                              "return_logprob": True, "logprob_start_len": 0})
+        pre = self._generate(
+            {
+                "text": prompt.text,
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "logprob_start_len": 0,
+            }
+        )
         prefix_ids = [e[1] for e in pre["meta_info"].get("input_token_logprobs") or []]
         window = max(len(prefix_ids) - _WINDOW, 0)
-        outs = self._generate({
-            "text": [prompt.text + c for c in choices],
-            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-            "return_logprob": True, "logprob_start_len": window,
-        })
+        outs = self._generate(
+            {
+                "text": [prompt.text + c for c in choices],
+                "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                "return_logprob": True,
+                "logprob_start_len": window,
+            }
+        )
         scored, choice_ids = [], []
         for out in outs:
             entries = out["meta_info"]["input_token_logprobs"]
@@ -134,11 +163,18 @@ class RuntimeEndpoint(Backend):
             choice_ids.append(ids[start:])
         uncond = None
         if method.requires_unconditional_logprobs:
-            res = self._generate({"input_ids": choice_ids, "sampling_params": {"max_new_tokens": 0},
-                                  "return_logprob": True, "logprob_start_len": 0})
+            res = self._generate(
+                {
+                    "input_ids": choice_ids,
+                    "sampling_params": {"max_new_tokens": 0},
+                    "return_logprob": True,
+                    "logprob_start_len": 0,
+                }
+            )
             uncond = [logprob_values(r["meta_info"]["input_token_logprobs"]) for r in res]
-        decision = method(choices=choices, token_logprobs=scored,
-                          unconditional_token_logprobs=uncond)
+        decision = method(
+            choices=choices, token_logprobs=scored, unconditional_token_logprobs=uncond
+        )
         meta = dict(decision.meta_info)
         meta["prompt_tokens"] = len(prefix_ids)
         meta["cached_tokens"] = [o["meta_info"].get("cached_tokens") for o in outs]
