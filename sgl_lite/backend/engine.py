@@ -291,7 +291,9 @@ class Engine:
         if sampling:
             reqs = [r for r, _ in sampling]
             rows = [row for _, row in sampling]
-            last = output.logits if len(rows) == len(output.logits) else output.logits[rows]
+            last = output.logits
+            if len(rows) != len(last):
+                last = last.index_select(0, torch.tensor(rows, device=last.device))
             result = self.sampler.sample(last.cpu(), reqs)
             for j, req in enumerate(reqs):
                 self.outputs.append_token(

@@ -101,7 +101,11 @@ class ModelRunner:
             rows.extend(range(offset + seg.logits_from, offset + len(seg.token_ids)))
             ranges.append((first, len(rows)))
             offset += len(seg.token_ids)
-        logits = self.model.compute_logits(hidden[rows]) if rows else None  # (R, vocab)
+        if rows:
+            picked = hidden.index_select(0, torch.tensor(rows, device=hidden.device))
+            logits = self.model.compute_logits(picked)  # (R, vocab)
+        else:
+            logits = None
         return ForwardOutput(logits, ranges)
 
     def _metadata(self, segments: list[Segment]) -> AttentionMetadata:

@@ -77,14 +77,23 @@ class RotaryEmbedding(nn.Module):
     def tables(self, positions: torch.Tensor, dtype: torch.dtype):
         """cos, sin (T, 1, D) at the given positions (T,)."""
         return (
-            self.cos[positions].unsqueeze(1).to(dtype),
-            self.sin[positions].unsqueeze(1).to(dtype),
+            self.cos.index_select(0, positions).unsqueeze(1).to(dtype),
+            self.sin.index_select(0, positions).unsqueeze(1).to(dtype),
         )
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotates x (T, heads, D) by its positions' cos/sin tables (T, 1, D)."""
     return x * cos + _rotate_half(x) * sin
+
+
+def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """table (N, ...) gathered by index (B, K) → (B, K, ...).
+
+    NOTE: index_select, not table[index]: on CPU advanced indexing into a large table (the KV
+    pool) costs milliseconds where index_select costs microseconds.
+    """
+    return table.index_select(0, index.flatten()).view(*index.shape, *table.shape[1:])
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -118,9 +127,9 @@ class Attention(nn.Module):
         q, k = apply_rope(q, meta.cos, meta.sin), apply_rope(k, meta.cos, meta.sin)
         pool.write(self.layer_id, meta.out_slots, k, v)
 
-        q_batched = q[meta.q_index].transpose(1, 2)  # (B, H, Q, D)
-        k_batched = pool.k[self.layer_id][meta.kv_slots].transpose(1, 2)  # (B, Hkv, K, D)
-        v_batched = pool.v[self.layer_id][meta.kv_slots].transpose(1, 2)
+        q_batched = gather_rows(q, meta.q_index).transpose(1, 2)  # (B, H, Q, D)
+        k_batched = gather_rows(pool.k[self.layer_id], meta.kv_slots).transpose(1, 2)
+        v_batched = gather_rows(pool.v[self.layer_id], meta.kv_slots).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q_batched,
             k_batched,
@@ -129,7 +138,8 @@ class Attention(nn.Module):
             enable_gqa=self.num_heads != self.num_kv_heads,
         )  # (B, H, Q, D)
         batch, heads, max_q, dim = out.shape
-        out = out.transpose(1, 2).reshape(batch * max_q, heads, dim)[meta.q_flat]  # (T, H, D)
+        out = out.transpose(1, 2).reshape(batch * max_q, heads, dim)  # (B * Q, H, D)
+        out = out.index_select(0, meta.q_flat)  # (T, H, D), back in flat token order
         return self.o_proj(out.reshape(T, -1))
 
 
