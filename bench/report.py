@@ -1,0 +1,336 @@
+"""Results → tables, the targets of BENCHMARKS.md marked met or missed, a JSON file, a chart.
+
+This module only reads the results dict that `bench.run` builds; it runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+# The fields every results file has (the smoke test checks them); a skipped system or workload
+# carries {"skipped": reason} instead of its figures.
+REQUIRED_ENV = (
+    "torch_threads",
+    "dtype",
+    "device",
+    "cpu_model",
+    "versions",
+    "load_average",
+    "repeats",
+    "quick",
+)
+WORKLOAD_SYSTEMS = {
+    "W1": ("sgl_lite", "hf_alone", "hf_manual_cache", "llama_cpp"),
+    "W2": ("sgl_lite", "hf_alone", "hf_manual_cache", "llama_cpp"),
+    "W3": ("sgl_lite", "hf_alone", "outlines", "llama_cpp"),
+    "W4": ("sgl_lite", "hf_alone", "llama_cpp"),
+    "W5": ("W1", "W2", "W3"),
+}
+MAIN_FIGURE = {"W1": "wall_s", "W2": "wall_s", "W3": "wall_s", "W4": "batch1_tokens_per_s"}
+
+
+class Target(NamedTuple):
+    figure: str
+    target: str
+    value: float | None
+    status: str  # "met" | "missed" | "n/a: reason"
+
+
+def _get(results: dict, *path: str) -> Any:
+    node: Any = results
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _ratio(results: dict, w: str, num: str, den: str, key: str = "wall_s") -> float | None:
+    a, b = (
+        _get(results, "workloads", w, "systems", num, key),
+        _get(results, "workloads", w, "systems", den, key),
+    )
+    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+
+def _why(results: dict, w: str, *systems: str) -> str:
+    for s in systems:
+        if _get(results, "workloads", w, "systems", s, "skipped"):
+            return f"n/a: {w} {s} skipped (reason above)"
+    if _get(results, "workloads", w) is None:
+        return f"n/a: {w} not run"
+    return "n/a"
+
+
+def _mark(figure: str, target: str, value: float | None, ok: bool | None, why: str) -> Target:
+    if value is None or ok is None:
+        return Target(figure, target, None, why)
+    return Target(figure, target, value, "met" if ok else "missed")
+
+
+def evaluate_targets(r: dict) -> list[Target]:
+    """The targets table of BENCHMARKS.md against this run's figures."""
+    out = []
+    v = _ratio(r, "W1", "hf_alone", "sgl_lite")
+    out.append(
+        _mark(
+            "W1 wall, HF-alone / sgl_lite",
+            ">= 5.4x",
+            v,
+            v and v >= 5.4,
+            _why(r, "W1", "hf_alone", "sgl_lite"),
+        )
+    )
+    v = _ratio(r, "W1", "hf_manual_cache", "sgl_lite")
+    out.append(
+        _mark(
+            "W1 wall, HF-manual-cache / sgl_lite",
+            ">= 1.5x",
+            v,
+            v and v >= 1.5,
+            _why(r, "W1", "hf_manual_cache", "sgl_lite"),
+        )
+    )
+    for w in ("W1", "W2", "W3"):
+        v = _ratio(r, w, "llama_cpp", "sgl_lite")
+        out.append(
+            _mark(
+                f"{w} wall, llama-cpp-python / sgl_lite",
+                ">= 1.0x",
+                v,
+                v and v >= 1.0,
+                _why(r, w, "llama_cpp", "sgl_lite"),
+            )
+        )
+    sub = _get(r, "workloads", "W1", "systems", "sgl_lite", "prompt_tokens_submitted")
+    comp = _get(r, "workloads", "W1", "systems", "sgl_lite", "prompt_tokens_computed")
+    v = comp / sub if sub else None
+    out.append(
+        _mark(
+            "W1 prefill computed / submitted",
+            "<= 35%",
+            v,
+            v is not None and v <= 0.35,
+            _why(r, "W1", "sgl_lite"),
+        )
+    )
+    v = _ratio(r, "W2", "hf_alone", "sgl_lite")
+    out.append(
+        _mark(
+            "W2 wall, HF-alone / sgl_lite",
+            ">= 14x",
+            v,
+            v and v >= 14,
+            _why(r, "W2", "hf_alone", "sgl_lite"),
+        )
+    )
+    v = _get(r, "workloads", "W3", "systems", "sgl_lite", "valid_fraction")
+    out.append(
+        _mark(
+            "W3 valid outputs",
+            "100%",
+            v,
+            v == 1.0 if v is not None else None,
+            _why(r, "W3", "sgl_lite"),
+        )
+    )
+    v = _get(
+        r, "workloads", "W3", "systems", "sgl_lite", "constrained_over_unconstrained_per_token"
+    )
+    out.append(
+        _mark(
+            "W3 constrained / unconstrained per-token time",
+            "<= 1.05",
+            v,
+            v is not None and v <= 1.05,
+            _why(r, "W3", "sgl_lite"),
+        )
+    )
+    v = _get(r, "workloads", "W3", "systems", "sgl_lite", "jump_forward_passes_saved")
+    out.append(
+        _mark(
+            "W3 forward passes saved by jump-forward",
+            ">= 25%",
+            v,
+            v is not None and v >= 0.25,
+            _why(r, "W3", "sgl_lite"),
+        )
+    )
+    v = _ratio(r, "W4", "sgl_lite", "hf_alone", "batch1_tokens_per_s")
+    out.append(
+        _mark(
+            "W4 batch-1 tok/s, sgl_lite / HF generate",
+            ">= 1.0",
+            v,
+            v and v >= 1.0,
+            _why(r, "W4", "sgl_lite", "hf_alone"),
+        )
+    )
+    b1 = _get(r, "workloads", "W4", "systems", "sgl_lite", "batch1_tokens_per_s")
+    bn = _get(r, "workloads", "W4", "systems", "sgl_lite", "batch_tokens_per_s")
+    vs_hf = _ratio(r, "W4", "sgl_lite", "hf_alone", "batch_tokens_per_s")
+    v = bn / b1 if b1 and bn else None
+    ok = v is not None and vs_hf is not None and v >= 5 and vs_hf >= 1.5
+    out.append(
+        _mark(
+            f"W4 batch aggregate / batch-1 (vs HF batched: "
+            f"{'n/a' if vs_hf is None else f'{vs_hf:.2f}x'})",
+            ">= 5x and >= 1.5x HF",
+            v,
+            ok if v is not None else None,
+            _why(r, "W4", "sgl_lite", "hf_alone"),
+        )
+    )
+    ratios = [
+        _get(r, "workloads", "W5", "systems", w, "dsl_over_engine") for w in ("W1", "W2", "W3")
+    ]
+    have = [x for x in ratios if isinstance(x, (int, float))]
+    label = ", ".join("n/a" if x is None else f"{x:.2f}" for x in ratios)
+    out.append(
+        _mark(
+            f"W5 DSL / engine-API wall (W1, W2, W3: {label})",
+            "<= 1.10",
+            max(have) if have else None,
+            all(x <= 1.10 for x in have) if have else None,
+            _why(r, "W5", "W1", "W2", "W3"),
+        )
+    )
+    return out
+
+
+# --- printing -----------------------------------------------------------------------------------
+def _fmt(x: Any) -> str:
+    if isinstance(x, bool) or x is None:
+        return str(x)
+    if isinstance(x, float):
+        return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+    return str(x)
+
+
+def print_table(title: str, header: list[str], rows: list[list[Any]]) -> None:
+    cells = [header] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    print(f"\n## {title}")
+    for i, row in enumerate(cells):
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+
+
+WORKLOAD_COLUMNS = {
+    "W1": [
+        "wall_s",
+        "ttft_mean_s",
+        "prompt_tokens_submitted",
+        "prompt_tokens_computed",
+        "cache_hit_rate",
+        "agreement_with_hf_alone",
+    ],
+    "W2": ["wall_s", "accuracy", "agreement_with_hf_alone", "prompt_tokens_computed"],
+    "W3": [
+        "wall_s",
+        "valid_fraction",
+        "tokens_emitted",
+        "forward_passes_jump_forward",
+        "forward_passes_no_jump_forward",
+        "constrained_over_unconstrained_per_token",
+    ],
+    "W4": ["batch1_tokens_per_s", "batch_tokens_per_s", "batch_size"],
+    "W5": ["dsl_wall_s", "engine_wall_s", "dsl_over_engine"],
+}
+
+
+def print_report(results: dict) -> None:
+    env = results["env"]
+    print("\n# sgl_lite benchmark")
+    for key in REQUIRED_ENV:
+        print(f"- {key}: {env[key]}")
+    print(f"- workload sizes: {results.get('sizes')}")
+    for w, block in results["workloads"].items():
+        cols = WORKLOAD_COLUMNS[w]
+        ratio_name = "x vs HF-alone" if w != "W5" else ""
+        rows, notes = [], list(block.get("notes", []))
+        for name, figs in block["systems"].items():
+            if "skipped" in figs:
+                rows.append([name, "skipped"] + [""] * len(cols))
+                notes.append(f"{name} skipped: {figs['skipped']}")
+                continue
+            rows.append(
+                [name] + [figs.get(c, "") for c in cols] + [figs.get("ratio_vs_hf_alone", "")]
+            )
+        header = ["system"] + cols + ([ratio_name] if ratio_name else [""])
+        print_table(f"{w}: {block['title']}", header, rows)
+        for name, figs in block["systems"].items():
+            for d in figs.get("disagreements") or []:
+                notes.append(
+                    f"{name} differs from hf_alone: conversation {d['conversation']} "
+                    f"turn {d['turn']} at token {d['token']} (HF top-2 logit margin "
+                    f"there {d['hf_top2_margin']:.3g})"
+                )
+        for note in notes:
+            print(f"  - {note}")
+        if block.get("answers"):
+            names = [k for k in block["answers"][0] if k not in ("question", "correct")]
+            print_table(
+                f"{w} answers",
+                ["question", "correct", *names],
+                [
+                    [a["question"].removeprefix("Question: "), a["correct"], *[a[n] for n in names]]
+                    for a in block["answers"]
+                ],
+            )
+    title = "Targets (BENCHMARKS.md)"
+    if env.get("quick") or (results.get("sizes") or {}).get("conversations", 8) < 8:
+        title += " -- reduced workload: indicative only, not the benchmark's figures"
+    print_table(
+        title,
+        ["figure", "target", "value", "status"],
+        [[t.figure, t.target, t.value, t.status] for t in evaluate_targets(results)],
+    )
+
+
+# --- files ------------------------------------------------------------------------------------
+def write_json(results: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "bench_results.json"
+    data = {**results, "targets": [t._asdict() for t in evaluate_targets(results)]}
+    path.write_text(json.dumps(data, indent=2, default=str))
+    return path
+
+
+def write_chart(results: dict, out_dir: Path) -> str:
+    """A PNG of every system's speed over HF-alone per workload; returns its path or a note."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "chart skipped: matplotlib is not installed (`pip install matplotlib`)"
+    bars = [
+        (f"{w}\n{name}", figs["ratio_vs_hf_alone"])
+        for w, block in results["workloads"].items()
+        if w != "W5"
+        for name, figs in block["systems"].items()
+        if isinstance(figs.get("ratio_vs_hf_alone"), (int, float)) and name != "hf_alone"
+    ]
+    if not bars:
+        return "chart skipped: no ratios to plot"
+    fig, ax = plt.subplots(figsize=(max(6, len(bars) * 1.1), 4))
+    ax.bar([b[0] for b in bars], [b[1] for b in bars], color="tab:blue")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_ylabel("speed vs HF-alone (x, log)")
+    ax.set_title(
+        f"sgl_lite bench ({results['env']['torch_threads']} threads, medians of "
+        f"{results['env']['repeats']})"
+    )
+    for i, (_, value) in enumerate(bars):
+        ax.text(i, value, f"{value:.2g}x", ha="center", va="bottom", fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "bench_ratios.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
