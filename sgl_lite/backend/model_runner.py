@@ -19,6 +19,7 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.model_loader import load_config, load_state_dict
 from sgl_lite.backend.models.llama import (
+    AttentionGroup,
     AttentionMetadata,
     LlamaForCausalLM,
     RotaryEmbedding,
@@ -109,35 +110,48 @@ class ModelRunner:
         return ForwardOutput(logits, ranges)
 
     def _metadata(self, segments: list[Segment]) -> AttentionMetadata:
-        q_lens = [len(s.token_ids) for s in segments]
-        batch, max_q, max_k = len(segments), max(q_lens), max(s.end for s in segments)
-        starts = torch.tensor([s.start for s in segments])
-        q_offsets = torch.tensor([0] + q_lens[:-1]).cumsum(0)
+        dev = self.device
+        offsets = [0]
+        for seg in segments:
+            offsets.append(offsets[-1] + len(seg.token_ids))
+        positions = torch.cat([torch.arange(s.start, s.end) for s in segments]).to(dev)
+        cos, sin = self.model.rope.tables(positions, self.model.embed_tokens.weight.dtype)
+        decodes = [i for i, s in enumerate(segments) if len(s.token_ids) == 1]
+        extends = [i for i, s in enumerate(segments) if len(s.token_ids) > 1]
+        groups = tuple(
+            self._group([segments[i] for i in members], [offsets[i] for i in members])
+            for members in (extends, decodes)
+            if members
+        )
+        return AttentionMetadata(
+            positions=positions,
+            cos=cos,
+            sin=sin,
+            out_slots=torch.cat([s.kv_slots[s.start :] for s in segments]).to(dev),
+            groups=groups,
+        )
+
+    def _group(self, segments: list[Segment], offsets: list[int]) -> AttentionGroup:
+        q_lens = torch.tensor([len(s.token_ids) for s in segments])
+        batch, max_q = len(segments), int(q_lens.max())
+        max_k = max(s.end for s in segments)
         i = torch.arange(max_q)
-        q_valid = i[None, :] < torch.tensor(q_lens)[:, None]  # (B, Q)
-        q_index = torch.where(q_valid, q_offsets[:, None] + i[None, :], 0)  # (B, Q)
-        q_pos = starts[:, None] + i[None, :]  # (B, Q)
-        positions = q_pos[q_valid]  # (T,)
+        q_valid = i[None, :] < q_lens[:, None]  # (B, Q)
+        q_rows = torch.tensor(offsets)[:, None] + i[None, :]  # (B, Q) rows in the flat matrix
+        q_pos = torch.tensor([s.start for s in segments])[:, None] + i[None, :]  # (B, Q)
         kv_slots = torch.zeros(batch, max_k, dtype=torch.long)
         for b, seg in enumerate(segments):
             kv_slots[b, : seg.end] = seg.kv_slots
-        out_slots = torch.cat([s.kv_slots[s.start :] for s in segments])
         # A query sees keys at positions <= its own; keys past a row's length are padding.
         mask = torch.arange(max_k)[None, None, :] <= q_pos[:, :, None]  # (B, Q, K)
         # Padding query rows attend to key 0 only, so softmax never sees an all-masked row.
         mask &= q_valid[:, :, None]
         mask[:, :, 0] |= ~q_valid
         dev = self.device
-        positions = positions.to(dev)
-        cos, sin = self.model.rope.tables(positions, self.model.embed_tokens.weight.dtype)
-        return AttentionMetadata(
-            positions=positions,
-            cos=cos,
-            sin=sin,
-            out_slots=out_slots.to(dev),
-            q_index=q_index.to(dev),
-            q_valid=q_valid.to(dev),
+        return AttentionGroup(
+            q_index=torch.where(q_valid, q_rows, 0).to(dev),
             q_flat=q_valid.flatten().nonzero().squeeze(1).to(dev),
+            rows=q_rows[q_valid].to(dev),
             kv_slots=kv_slots.to(dev),
             mask=mask[:, None].to(dev),
         )

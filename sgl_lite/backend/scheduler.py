@@ -1,7 +1,8 @@
 """Scheduler: continuous batching over waiting and running requests.
 
 Each step is a prefill batch (new requests' uncached suffixes and unfinished chunks, under a token
-budget) or, when there is nothing to prefill, a decode batch (one token for every running request).
+budget, plus the next token of every other running request) or, when there is nothing to
+prefill, a decode batch (one token for every running request).
 When slots run short it evicts cached prefixes, then preempts the newest running request. The
 scheduler knows nothing about tensors beyond slot ids, and nothing about text.
 """
@@ -124,7 +125,19 @@ class Scheduler:
             reqs.append(req)
             segments.append(segment)
             budget -= len(segment.token_ids)
-        return ScheduleBatch(reqs, segments) if reqs else None
+        if not reqs:
+            return None
+        # Running requests ride along with their next token (a mixed batch): a prefill or a
+        # jump-forward extension never stalls the others' decoding for a step.
+        chosen = set(map(id, reqs))
+        for req in self.running:
+            if id(req) not in chosen and req.remaining == 1:
+                segment = self._extend(req, 1)
+                if segment is None:
+                    break
+                reqs.append(req)
+                segments.append(segment)
+        return ScheduleBatch(reqs, segments)
 
     def _decode_batch(self) -> ScheduleBatch | None:
         if not self.running:

@@ -22,22 +22,33 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True, kw_only=True)
+class AttentionGroup:
+    """Requests whose queries are padded together for one attention call.
+
+    B = requests in the group, Q = most new tokens of one of them, K = longest whole sequence
+    (cached prefix + new tokens). Decodes (Q = 1) and prefill chunks form separate groups, so a
+    long chunk never pads every decode row to its length.
+    """
+
+    q_index: torch.Tensor  # (B, Q) row of each query in the flat token matrix; padding → row 0
+    q_flat: torch.Tensor  # (T_g,) row of each real query in the (B * Q) padded layout
+    rows: torch.Tensor  # (T_g,) the same queries' rows in the flat token matrix
+    kv_slots: torch.Tensor  # (B, K) pool slots of each request's whole sequence; padding → 0
+    mask: torch.Tensor  # (B, 1, Q, K) True where the query may attend to the key
+
+
+@dataclass(frozen=True, kw_only=True)
 class AttentionMetadata:
     """Where every token of a batch sits, built once per forward and shared by all layers.
 
-    T = new tokens in the batch, B = requests, Q = most new tokens of one request,
-    K = longest total sequence (cached prefix + new tokens) of one request.
+    T = new tokens in the batch, flattened over all requests in order.
     """
 
     positions: torch.Tensor  # (T,) absolute position of each new token
     cos: torch.Tensor  # (T, 1, D) RoPE tables at those positions, looked up once for all layers
     sin: torch.Tensor  # (T, 1, D)
     out_slots: torch.Tensor  # (T,) pool slot that receives each new token's K/V
-    q_index: torch.Tensor  # (B, Q) row in the flat token matrix; padding points at row 0
-    q_valid: torch.Tensor  # (B, Q) False on padding
-    q_flat: torch.Tensor  # (T,) row of each token in the (B * Q) padded layout
-    kv_slots: torch.Tensor  # (B, K) pool slots of each request's whole sequence; padding → 0
-    mask: torch.Tensor  # (B, 1, Q, K) True where the query may attend to the key
+    groups: tuple[AttentionGroup, ...]
 
 
 def rope_parameters(config: PretrainedConfig) -> dict:
@@ -127,20 +138,29 @@ class Attention(nn.Module):
         q, k = apply_rope(q, meta.cos, meta.sin), apply_rope(k, meta.cos, meta.sin)
         pool.write(self.layer_id, meta.out_slots, k, v)
 
-        q_batched = gather_rows(q, meta.q_index).transpose(1, 2)  # (B, H, Q, D)
-        k_batched = gather_rows(pool.k[self.layer_id], meta.kv_slots).transpose(1, 2)
-        v_batched = gather_rows(pool.v[self.layer_id], meta.kv_slots).transpose(1, 2)
+        if len(meta.groups) == 1:  # the common case: the group's rows are all rows, in order
+            out = self._attend(q, meta.groups[0], pool)
+        else:
+            out = q.new_empty(T, self.num_heads, self.head_dim)
+            for group in meta.groups:
+                out.index_copy_(0, group.rows, self._attend(q, group, pool))
+        return self.o_proj(out.reshape(T, -1))
+
+    def _attend(self, q: torch.Tensor, group: AttentionGroup, pool: KVPool) -> torch.Tensor:
+        """Attention of one group's queries over their sequences → (T_g, H, D)."""
+        q_batched = gather_rows(q, group.q_index).transpose(1, 2)  # (B, H, Q, D)
+        k_batched = gather_rows(pool.k[self.layer_id], group.kv_slots).transpose(1, 2)
+        v_batched = gather_rows(pool.v[self.layer_id], group.kv_slots).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q_batched,
-            k_batched,
+            k_batched,  # (B, Hkv, K, D)
             v_batched,
-            attn_mask=meta.mask,
+            attn_mask=group.mask,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )  # (B, H, Q, D)
         batch, heads, max_q, dim = out.shape
         out = out.transpose(1, 2).reshape(batch * max_q, heads, dim)  # (B * Q, H, D)
-        out = out.index_select(0, meta.q_flat)  # (T, H, D), back in flat token order
-        return self.o_proj(out.reshape(T, -1))
+        return out.index_select(0, group.q_flat)  # (T_g, H, D)
 
 
 class MLP(nn.Module):
