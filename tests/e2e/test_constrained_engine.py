@@ -63,7 +63,9 @@ SCHEMAS = {
     },
     "anyof": {
         "type": "object",
-        "properties": {"v": {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}},
+        # maxDigits (outlines-core's bound on an integer's digits): sampled at temperature 1 a
+        # 135M model can otherwise write digits until max_new_tokens.
+        "properties": {"v": {"anyOf": [{"type": "integer", "maxDigits": 6}, {"type": "boolean"}]}},
         "required": ["v"],
     },
     "null": {"type": "object", "properties": {"n": {"type": "null"}}, "required": ["n"]},

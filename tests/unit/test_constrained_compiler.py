@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from sgl_lite.backend.constrained import GrammarError, dtype_to_regex
-from sgl_lite.backend.constrained.compiler import DEFAULT_WHITESPACE_PATTERN, digits_to_ascii
-from tests.unit.test_constrained_support import shared_compiler
+from sgl_lite.backend.constrained.compiler import GrammarCompiler, digits_to_ascii
+from tests.unit.test_constrained_support import shared_compiler, smollm2_tokenizer
 
 
 @pytest.mark.parametrize(
@@ -43,12 +44,30 @@ def test_invalid_patterns_raise_grammar_error_naming_the_problem(kind, pattern, 
         future.result(timeout=1)
 
 
-def test_schema_as_string_or_dict_gives_the_same_bounded_whitespace_regex() -> None:
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+def test_schema_as_string_or_dict_gives_the_same_regex_with_standard_separators() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer"},
+            "t": {"type": "array", "items": {"type": "integer"}},
+        },
+        "required": ["n", "t"],
+    }
     compiler = shared_compiler()
     regex = compiler.validate("json_schema", schema)
     assert regex == compiler.validate("json_schema", json.dumps(schema))
-    assert DEFAULT_WHITESPACE_PATTERN in regex and r"\d" not in regex
+    assert r"\d" not in regex
+    # Exactly json.dumps' layout, and nothing else.
+    assert re.fullmatch(regex, json.dumps({"n": 3, "t": [1, 2]}))
+    assert not re.fullmatch(regex, '{"n":3,"t":[1,2]}')
+    assert not re.fullmatch(regex, '{ "n": 3, "t": [1, 2] }')
+
+
+def test_a_configured_whitespace_pattern_applies_everywhere() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    compiler = GrammarCompiler(smollm2_tokenizer(), whitespace_pattern=r"[ ]?")
+    regex = compiler.validate("json_schema", schema)
+    assert re.fullmatch(regex, '{ "n" : 3 }') and re.fullmatch(regex, '{"n":3}')
 
 
 def test_digits_are_rewritten_as_ascii_inside_and_outside_classes() -> None:

@@ -26,10 +26,19 @@ from sgl_lite.backend.constrained.vocab import TokenVocabulary, byte_vocabulary,
 
 GrammarKind = Literal["regex", "json_schema"]
 
-# NOTE: JSON whitespace is bounded to one optional space: SmolLM2 writes `{"a": 1}` and a model
-# cannot loop on whitespace. Pretty-printed JSON (newlines + indentation) is not allowed.
-DEFAULT_WHITESPACE_PATTERN = r"[ ]?"
+# NOTE: by default JSON is laid out exactly as `json.dumps` writes it: ", " and ": " between items
+# and nothing else (xgrammar's `any_whitespace=False`). A model cannot loop on whitespace, and
+# keys and separators are forced text that jump-forward appends without sampling. A configured
+# whitespace pattern replaces this with that pattern at every position JSON allows whitespace.
+_WS_SENTINEL = "@@sgl_lite_ws@@"
 DEFAULT_MASK_CACHE_STATES = 512
+
+
+def with_standard_separators(regex: str) -> str:
+    """Fills the whitespace slots of a schema regex built with the sentinel pattern: one space
+    after a separating ':' or ',', none anywhere else."""
+    regex = regex.replace(":" + _WS_SENTINEL, ": ").replace("," + _WS_SENTINEL, ", ")
+    return regex.replace(_WS_SENTINEL, "")
 
 
 class GrammarError(ValueError):
@@ -131,9 +140,7 @@ class GrammarCompiler:
                 f"need timeout_s > 0 and cache_size >= 1, got {timeout_s}, {cache_size}"
             )
         self.vocab = vocabulary_for(tokenizer)
-        self.whitespace_pattern = (
-            DEFAULT_WHITESPACE_PATTERN if whitespace_pattern is None else whitespace_pattern
-        )
+        self.whitespace_pattern = whitespace_pattern
         self.timeout_s = timeout_s
         self.cache_size = cache_size
         self.mask_cache_states = mask_cache_states
@@ -196,12 +203,15 @@ class GrammarCompiler:
             ) from None
         for regex in _string_patterns(schema):
             check_regex(regex, what="json_schema pattern")
+        text = _dumps(schema)
+        standard = self.whitespace_pattern is None and _WS_SENTINEL not in text
         try:
-            return build_regex_from_schema(
-                _dumps(schema), whitespace_pattern=self.whitespace_pattern
+            regex = build_regex_from_schema(
+                text, whitespace_pattern=_WS_SENTINEL if standard else self.whitespace_pattern
             )
         except Exception as exc:
             raise GrammarError(f"json_schema is not supported: {exc}") from None
+        return with_standard_separators(regex) if standard else regex
 
     # -- compilation: off the caller's thread, cached ------------------------------------
 
