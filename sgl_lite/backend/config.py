@@ -9,7 +9,8 @@ import torch
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SCHEDULE_POLICIES = ("lpm", "fcfs")
-GRAMMAR_BACKENDS = ("outlines", "llguidance")
+GRAMMAR_BACKENDS = ("outlines",)  # llguidance: not built yet (see the issue notes)
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def default_device() -> str:
@@ -37,7 +38,7 @@ class EngineConfig:
     disable_jump_forward: bool = False
     grammar_compile_timeout: float = 10.0
     random_seed: int = 0
-    log_level: str = "warning"
+    log_level: str = "info"
 
     def __post_init__(self) -> None:
         if not self.device:
@@ -50,6 +51,10 @@ class EngineConfig:
             raise ValueError(
                 f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
                 f"got {self.schedule_policy!r}"
+            )
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise ValueError(
+                f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
             )
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(

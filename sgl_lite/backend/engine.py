@@ -32,12 +32,22 @@ from sgl_lite.backend.scheduler import ScheduleBatch, Scheduler
 logger = logging.getLogger("sgl_lite")
 
 
+def _configure_logging(level: str) -> None:
+    """Our own logger only: the start-up line (model, device, threads, pool) shows by default."""
+    logger.setLevel(level.upper())
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 class Engine:
     """In-process engine: `Engine(model_path=None, **server_flags_in_snake_case)`."""
 
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
-        logging.basicConfig(level=self.config.log_level.upper())
+        _configure_logging(self.config.log_level)
         if self.config.num_threads is not None:
             torch.set_num_threads(self.config.num_threads)
         torch.manual_seed(self.config.random_seed)
@@ -52,7 +62,7 @@ class Engine:
         self.outputs = OutputProcessor(
             self.tokenizer, eos, self.cache, jump_forward=not self.config.disable_jump_forward
         )
-        self.builder = RequestBuilder(self.config, self.tokenizer, self.runner, eos)
+        self.builder = RequestBuilder(self.config, self.tokenizer, self.runner)
         self.forward_passes = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._channels: dict[str, queue.SimpleQueue] = {}

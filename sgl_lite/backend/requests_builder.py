@@ -33,7 +33,6 @@ class RequestBuilder:
         config: EngineConfig,
         tokenizer: PreTrainedTokenizerBase,
         runner: ModelRunner,
-        eos_token_ids: set[int],
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
