@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import jsonschema
 
 from bench.workloads import Workloads
+from sgl_lite.frontend.choices import common_prefix_len
 
 
 class Skipped(Exception):
@@ -25,20 +26,13 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     """(seconds, result) of one call."""
     start = time.perf_counter()
     result = fn()
     return time.perf_counter() - start, result
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def strip_eos(ids: Sequence[int], eos: set[int]) -> list[int]:
