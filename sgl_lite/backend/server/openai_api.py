@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from sgl_lite.backend.server.http_server import EngineBridge, Submission, first_chunk_or_error, sse
+from sgl_lite.backend.server.bridge import EngineBridge, Submission, first_chunk_or_error, sse
 from sgl_lite.backend.server.protocol import (
     ApiError,
     ChatCompletionRequest,
