@@ -26,8 +26,6 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
-
-
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     """(seconds, result) of one call."""
     start = time.perf_counter()
@@ -100,6 +98,37 @@ class ChatRun:
 
     def submitted_tokens(self) -> int:
         return sum(len(p) for conv in self.prompts for p in conv)
+
+    def figures(
+        self, wall: float, computed: int | None = None, submitted: int | None = None
+    ) -> dict[str, Any]:
+        """W1's figures for one repetition; cache figures when `computed` prompt tokens is known.
+
+        `submitted` defaults to the prompts' token count; an engine may report its own.
+        """
+        submitted = self.submitted_tokens() if submitted is None else submitted
+        out: dict[str, Any] = {
+            "wall_s": wall,
+            "ttft_mean_s": sum(self.ttft) / len(self.ttft),
+            "prompt_tokens_submitted": submitted,
+        }
+        if computed is not None:
+            out["prompt_tokens_computed"] = computed
+            out["cache_hit_rate"] = 1 - computed / max(submitted, 1)
+        out["_run"] = self
+        return out
+
+
+def json_figures(wall: float, texts: list[str], schema: dict) -> dict[str, Any]:
+    """W3's figures for one repetition: wall time and how many outputs validate."""
+    valid = sum(validate_json(t, schema) for t in texts)
+    return {
+        "wall_s": wall,
+        "valid": valid,
+        "items": len(texts),
+        "valid_fraction": valid / len(texts),
+        "texts": texts,
+    }
 
 
 # --- W2 ----------------------------------------------------------------------------------------

@@ -21,11 +21,11 @@ from bench.common import (
     common_prefix_len,
     decide,
     eos_ids,
+    json_figures,
     json_prompt_ids,
     raw_ids,
     select_items,
     strip_eos,
-    validate_json,
 )
 from bench.workloads import Workloads
 
@@ -103,15 +103,7 @@ class HFAlone(_HF):
                 ids, ttft = self._generate(run.prompt(c), wl.chat_max_new_tokens)
                 run.record(c, strip_eos(ids, self.eos), ttft)
         wall = time.perf_counter() - start
-        submitted = run.submitted_tokens()
-        return {
-            "wall_s": wall,
-            "ttft_mean_s": sum(run.ttft) / len(run.ttft),
-            "prompt_tokens_submitted": submitted,
-            "prompt_tokens_computed": submitted,
-            "cache_hit_rate": 0.0,
-            "_run": run,
-        }
+        return run.figures(wall, computed=run.submitted_tokens())
 
     def w2(self, wl: Workloads) -> dict[str, Any]:
         _, items = select_items(self.tokenizer, wl)
@@ -145,14 +137,9 @@ class HFAlone(_HF):
         outs = [self._generate(ids, wl.json_max_new_tokens)[0] for ids in prompts]
         wall = time.perf_counter() - start
         texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in outs]
-        valid = sum(validate_json(t, wl.json_schema) for t in texts)
         return {
-            "wall_s": wall,
-            "valid": valid,
-            "items": len(texts),
-            "valid_fraction": valid / len(texts),
+            **json_figures(wall, texts, wl.json_schema),
             "tokens_emitted": sum(map(len, outs)),
-            "texts": texts,
         }
 
     def w4(self, wl: Workloads) -> dict[str, Any]:
@@ -225,15 +212,7 @@ class HFManualCache(_HF):
                 cached[c] = ids + out[:-1]
                 run.record(c, strip_eos(out, self.eos), ttft)
         wall = time.perf_counter() - start
-        submitted = run.submitted_tokens()
-        return {
-            "wall_s": wall,
-            "ttft_mean_s": sum(run.ttft) / len(run.ttft),
-            "prompt_tokens_submitted": submitted,
-            "prompt_tokens_computed": computed,
-            "cache_hit_rate": 1 - computed / max(submitted, 1),
-            "_run": run,
-        }
+        return run.figures(wall, computed=computed)
 
     def w2(self, wl: Workloads) -> dict[str, Any]:
         from transformers import DynamicCache

@@ -16,11 +16,11 @@ from bench.common import (
     common_prefix_len,
     decide,
     eos_ids,
+    json_figures,
     json_prompt_ids,
     raw_ids,
     select_items,
     strip_eos,
-    validate_json,
 )
 from bench.workloads import Workloads
 
@@ -86,13 +86,7 @@ class LlamaCpp:
                     out.append(chunk["choices"][0]["text"])
                 text_ids = self.tokenizer.encode("".join(out), add_special_tokens=False)
                 run.record(c, strip_eos(text_ids, self.eos), first or 0.0)
-        wall = time.perf_counter() - start
-        return {
-            "wall_s": wall,
-            "ttft_mean_s": sum(run.ttft) / len(run.ttft),
-            "prompt_tokens_submitted": run.submitted_tokens(),
-            "_run": run,
-        }
+        return run.figures(time.perf_counter() - start)
 
     def _eval_scores(self, ids: list[int], start: int) -> list[float]:
         """Logprobs of ids[start:], reusing the longest prefix already in the context."""
@@ -131,15 +125,7 @@ class LlamaCpp:
             )["choices"][0]["text"]
             for ids in prompts
         ]
-        wall = time.perf_counter() - start
-        valid = sum(validate_json(t, wl.json_schema) for t in texts)
-        return {
-            "wall_s": wall,
-            "valid": valid,
-            "items": len(texts),
-            "valid_fraction": valid / len(texts),
-            "texts": texts,
-        }
+        return json_figures(time.perf_counter() - start, texts, wl.json_schema)
 
     def w4(self, wl: Workloads) -> dict[str, Any]:
         self._fresh()
@@ -197,12 +183,4 @@ class Outlines:
         for prompt in prompts:
             out = generate(prompt, wl.json_max_new_tokens)
             texts.append(out if isinstance(out, str) else json.dumps(out))
-        wall = time.perf_counter() - start
-        valid = sum(validate_json(t, wl.json_schema) for t in texts)
-        return {
-            "wall_s": wall,
-            "valid": valid,
-            "items": len(texts),
-            "valid_fraction": valid / len(texts),
-            "texts": texts,
-        }
+        return json_figures(time.perf_counter() - start, texts, wl.json_schema)

@@ -91,14 +91,9 @@ class SglLite:
         submitted = after["prompt_tokens_submitted"] - before["prompt_tokens_submitted"]
         hit = after["cache_hit_tokens"] - before["cache_hit_tokens"]
         return {
-            "wall_s": wall,
-            "ttft_mean_s": sum(run.ttft) / len(run.ttft),
-            "prompt_tokens_submitted": submitted,
-            "prompt_tokens_computed": submitted - hit,
-            "cache_hit_rate": hit / max(submitted, 1),
+            **run.figures(wall, computed=submitted - hit, submitted=submitted),
             "forward_passes": after["forward_passes"] - before["forward_passes"],
             "max_running_batch_seen": after["max_running_batch_seen"],
-            "_run": run,
         }
 
     # --- W2 -------------------------------------------------------------------------------------
