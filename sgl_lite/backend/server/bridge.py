@@ -212,6 +212,16 @@ async def first_chunk_or_error(chunks: AsyncIterator[dict]) -> dict | None:
     return first
 
 
+async def with_first(first: dict | None, chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
+    """The chunk `first_chunk_or_error` already took, then the rest; closes `chunks` at the end
+    or when the consumer goes away (which aborts what is left)."""
+    async with contextlib.aclosing(chunks):
+        if first is not None:
+            yield first
+        async for chunk in chunks:
+            yield chunk
+
+
 def sse(payload: Any) -> str:
     """One server-sent event."""
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"

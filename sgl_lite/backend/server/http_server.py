@@ -25,6 +25,7 @@ from sgl_lite.backend.server.bridge import (
     Submission,
     first_chunk_or_error,
     sse,
+    with_first,
 )
 from sgl_lite.backend.server.metrics import CONTENT_TYPE, ServerMetrics
 from sgl_lite.backend.server.openai_api import add_openai_routes
@@ -232,12 +233,8 @@ async def _native_events(
 ) -> AsyncIterator[str]:
     """SGLang's SSE stream: cumulative text, logprob lists sliced to the entries that are new."""
     sent: dict[tuple[int, str], int] = {}
-    async with contextlib.aclosing(chunks):
-        pending = [first] if first is not None else []
-        while True:
-            chunk = pending.pop() if pending else await anext(chunks, None)
-            if chunk is None:
-                break
+    async with contextlib.aclosing(with_first(first, chunks)) as stream:
+        async for chunk in stream:
             meta = chunk["meta_info"]
             for key in LOGPROB_KEYS:
                 if key in meta:

@@ -17,7 +17,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from sgl_lite.backend.server.bridge import EngineBridge, Submission, first_chunk_or_error, sse
+from sgl_lite.backend.server.bridge import (
+    EngineBridge,
+    Submission,
+    first_chunk_or_error,
+    sse,
+    with_first,
+)
 from sgl_lite.backend.server.protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -387,12 +393,8 @@ async def _streaming(
     async def events() -> AsyncIterator[str]:
         finals: list[dict] = [{}] * len(sub.rids)
         started: set[int] = set()
-        async with contextlib.aclosing(chunks):
-            pending = [first] if first is not None else []
-            while True:
-                chunk = pending.pop() if pending else await anext(chunks, None)
-                if chunk is None:
-                    break
+        async with contextlib.aclosing(with_first(first, chunks)) as stream:
+            async for chunk in stream:
                 i = chunk["index"]
                 if chunk["meta_info"]["finish_reason"] is not None:
                     finals[i] = chunk
