@@ -19,14 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sgl_lite.backend.server.bridge import (
-    LOGPROB_KEYS,
-    EngineBridge,
-    Submission,
-    first_chunk_or_error,
-    sse,
-    with_first,
-)
+from sgl_lite.backend.server.bridge import LOGPROB_KEYS, EngineBridge, Submission, sse
 from sgl_lite.backend.server.metrics import CONTENT_TYPE, ServerMetrics
 from sgl_lite.backend.server.openai_api import add_openai_routes
 from sgl_lite.backend.server.protocol import (
@@ -206,9 +199,8 @@ def create_app(
                 results[0].pop("index", None)
                 return JsonResponse(results[0])
             return JsonResponse(results)
-        chunks = bridge.stream(sub)
-        first = await first_chunk_or_error(chunks)
-        return StreamingResponse(_native_events(sub, first, chunks), media_type="text/event-stream")
+        chunks = await bridge.open_stream(sub)
+        return StreamingResponse(_native_events(sub, chunks), media_type="text/event-stream")
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
@@ -228,12 +220,10 @@ def create_app(
     return app
 
 
-async def _native_events(
-    sub: Submission, first: dict | None, chunks: AsyncIterator[dict]
-) -> AsyncIterator[str]:
+async def _native_events(sub: Submission, chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
     """SGLang's SSE stream: cumulative text, logprob lists sliced to the entries that are new."""
     sent: dict[tuple[int, str], int] = {}
-    async with contextlib.aclosing(with_first(first, chunks)) as stream:
+    async with contextlib.aclosing(chunks) as stream:  # type: ignore[type-var]
         async for chunk in stream:
             meta = chunk["meta_info"]
             for key in LOGPROB_KEYS:

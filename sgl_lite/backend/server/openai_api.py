@@ -17,13 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from sgl_lite.backend.server.bridge import (
-    EngineBridge,
-    Submission,
-    first_chunk_or_error,
-    sse,
-    with_first,
-)
+from sgl_lite.backend.server.bridge import EngineBridge, Submission, sse
 from sgl_lite.backend.server.protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -92,7 +86,7 @@ def add_openai_routes(
                         "created": int(time.time()),
                         "owned_by": "sgl_lite",
                         "root": served_model_name,
-                        "max_model_len": engine.runner.context_length,
+                        "max_model_len": engine.context_length,
                     }
                 ],
             }
@@ -171,8 +165,7 @@ def add_openai_routes(
             req.max_completion_tokens if req.max_completion_tokens is not None else (req.max_tokens)
         )
         if max_tokens is None:  # until EOS: whatever room the context and the pool leave
-            room = min(engine.runner.context_length, engine.runner.pool.num_slots - 1)
-            max_tokens = max(room - len(ids), 0)
+            max_tokens = engine.max_new_tokens_room(len(ids))
         params = req.sampling_params(max_tokens)
         fmt = req.response_format
         if fmt is not None and fmt.type != "text":
@@ -387,13 +380,12 @@ class _Reply:
 async def _streaming(
     sub: Submission, bridge: EngineBridge, convert: Any, reply: _Reply, include_usage: bool | None
 ) -> StreamingResponse:
-    chunks = bridge.stream(sub)
-    first = await first_chunk_or_error(chunks)
+    chunks = await bridge.open_stream(sub)
 
     async def events() -> AsyncIterator[str]:
         finals: list[dict] = [{}] * len(sub.rids)
         started: set[int] = set()
-        async with contextlib.aclosing(with_first(first, chunks)) as stream:
+        async with contextlib.aclosing(chunks) as stream:  # type: ignore[type-var]
             async for chunk in stream:
                 i = chunk["index"]
                 if chunk["meta_info"]["finish_reason"] is not None:
