@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
 THREADS ?= 2
 
-.PHONY: setup demo test serve bench bench-peers clean
+.PHONY: setup demo test lint serve bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,10 @@ demo: setup
 
 test: setup
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q tests
+
+lint: setup
+	$(PY) -m ruff check sgl_lite tests bench
+	$(PY) -m mypy  # files and settings: [tool.mypy] in pyproject.toml
 
 serve: setup
 	$(PY) -m sgl_lite.launch_server --model-path default --port 30000 --num-threads $(THREADS)

@@ -260,8 +260,11 @@ class Engine:
             except Exception as exc:
                 logger.exception("engine step failed; aborting the running requests")
                 error = EngineError(f"engine error: {exc}")
-                for req in list(self.scheduler.running):
-                    self._abort(req, FinishReason.abort(str(error), error))
+                for req in list(self._reqs.values()):
+                    if req.is_finished:  # ended in the failed step before it could publish
+                        self._publish(req)
+                    elif req in self.scheduler.running:
+                        self._abort(req, FinishReason.abort(str(error), error))
         error = EngineError("engine shut down")
         for req in list(self._reqs.values()):
             self._abort(req, FinishReason.abort(str(error), error))

@@ -87,13 +87,15 @@ class OutputProcessor:
         K/V length to cut back to when it replaced tokens that have K/V."""
         from sgl_lite.backend.constrained import apply_jump_forward, plan_jump_forward
 
-        plan = plan_jump_forward(self.tokenizer, req.guide, req.output_ids)
+        guide = req.guide
+        assert guide is not None
+        plan = plan_jump_forward(self.tokenizer, guide, req.output_ids)
         if plan is None:
             return None
         kept_kv = len(req.input_ids) + plan.keep
         if kept_kv < req.prefix_len:  # those slots are the tree's and must stay
             return None
-        if not apply_jump_forward(req.guide, plan):
+        if not apply_jump_forward(guide, plan):
             return None
         before = len(req.output_ids)
         self.detokenizer(req).rewind(plan.keep)

@@ -156,8 +156,11 @@ class Scheduler:
         while self.cache.available() < len(self.running) and len(self.running) > 1:
             self._preempt(self.running[-1])
         reqs = list(self.running)
-        segments = [self._extend(req, 1) for req in reqs]
-        assert all(s is not None for s in segments), "decode slots were reserved above"
+        segments = []
+        for req in reqs:
+            segment = self._extend(req, 1)
+            assert segment is not None, "decode slots were reserved above"
+            segments.append(segment)
         return ScheduleBatch(reqs, segments)
 
     # --- helpers ------------------------------------------------------------------------

@@ -243,3 +243,31 @@ def test_bad_input_is_refused_with_its_field_and_nothing_leaks(engine, kwargs, f
     assert err.value.field == field
     assert engine.get_server_info()["pool_free_tokens"] == before
     assert engine.generate("ok", {"max_new_tokens": 2})["output_ids"]
+
+
+def test_a_failing_step_aborts_the_batch_with_an_engine_error_and_the_engine_goes_on(engine):
+    from sgl_lite.backend.errors import EngineError
+    from sgl_lite.backend.outputs import ReqOutput
+
+    runner = engine.runner
+    forward = runner.forward
+    calls = {"n": 0}
+
+    def flaky(segments):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("device lost")
+        return forward(segments)
+
+    runner.forward = flaky
+    got: list[ReqOutput] = []
+    import queue
+
+    outputs: queue.SimpleQueue[ReqOutput] = queue.SimpleQueue()
+    engine.submit(outputs.put, prompt="abc", sampling_params={"max_new_tokens": 50})
+    while not (out := outputs.get()).finished:
+        got.append(out)
+    assert out.finish_reason.type == "abort" and isinstance(out.finish_reason.error, EngineError)
+    assert "device lost" in out.finish_reason.message
+    engine.check_integrity()
+    assert engine.generate("ok", {"max_new_tokens": 3})["meta_info"]["completion_tokens"] == 3

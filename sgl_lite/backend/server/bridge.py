@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,7 +116,7 @@ class EngineBridge:
         collector = ResultCollector(sub, self.engine.abort)
         return Submission(sub, client_rids, channel, collector, batched=not single)
 
-    async def stream(self, sub: Submission) -> AsyncIterator[dict]:
+    async def stream(self, sub: Submission) -> AsyncGenerator[dict, None]:
         """Each output's result so far (cumulative, with "index"); leaving early aborts the
         rest."""
         first_token_seen: set[int] = set()
@@ -135,7 +135,7 @@ class EngineBridge:
             sub.collector.abort_unfinished()
             self._release(sub.client_rids)
 
-    async def open_stream(self, sub: Submission) -> AsyncIterator[dict]:
+    async def open_stream(self, sub: Submission) -> AsyncGenerator[dict, None]:
         """`stream`, after its first result: raises that result's ApiError if the request
         failed before any output (so the client gets a status, not an SSE error)."""
         chunks = self.stream(sub)
@@ -189,10 +189,12 @@ async def _abort_on_disconnect(request: Request, sub: Submission) -> None:
     sub.collector.abort_unfinished()
 
 
-async def _with_first(first: dict | None, chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
+async def _with_first(
+    first: dict | None, chunks: AsyncGenerator[dict, None]
+) -> AsyncGenerator[dict, None]:
     """The chunk `open_stream` already took, then the rest; closes `chunks` at the end or when
     the consumer goes away (which aborts what is left)."""
-    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+    async with contextlib.aclosing(chunks):
         if first is not None:
             yield first
         async for chunk in chunks:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -220,10 +220,10 @@ def create_app(
     return app
 
 
-async def _native_events(sub: Submission, chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+async def _native_events(sub: Submission, chunks: AsyncGenerator[dict, None]) -> AsyncIterator[str]:
     """SGLang's SSE stream: cumulative text, logprob lists sliced to the entries that are new."""
     sent: dict[tuple[int, str], int] = {}
-    async with contextlib.aclosing(chunks) as stream:  # type: ignore[type-var]
+    async with contextlib.aclosing(chunks) as stream:
         async for chunk in stream:
             meta = chunk["meta_info"]
             for key in LOGPROB_KEYS:

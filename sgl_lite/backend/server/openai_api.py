@@ -221,11 +221,8 @@ def add_openai_routes(
 
 
 def _prompt_text(engine: Any, prompt: Any, i: int) -> str:
-    item = (
-        prompt
-        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))
-        else (prompt[i])
-    )
+    single = isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))
+    item = prompt if single else prompt[i]
     return item if isinstance(item, str) else engine.tokenizer.decode(item)
 
 
@@ -385,7 +382,7 @@ async def _streaming(
     async def events() -> AsyncIterator[str]:
         finals: list[dict] = [{}] * len(sub.rids)
         started: set[int] = set()
-        async with contextlib.aclosing(chunks) as stream:  # type: ignore[type-var]
+        async with contextlib.aclosing(chunks) as stream:
             async for chunk in stream:
                 i = chunk["index"]
                 if chunk["meta_info"]["finish_reason"] is not None:
