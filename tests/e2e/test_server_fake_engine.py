@@ -8,6 +8,8 @@ submit (400 naming the field); an engine fault is a 500.
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -42,6 +44,7 @@ class FakeEngine:
         self.model_folder = "/models/fake"
         self.context_length = 64
         self.aborted: list[str] = []
+        self.hanging: dict[str, object] = {}  # rid -> sink of a request that never ends
 
     def max_new_tokens_room(self, prompt_len: int) -> int:
         return 64 - prompt_len
@@ -56,7 +59,10 @@ class FakeEngine:
         if regex == "boom":
             raise RuntimeError("grammar worker crashed")
         rid = rid[0]
-        if regex == "slow":
+        if regex == "hang":  # one token, then nothing until aborted
+            self.hanging[rid] = sink
+            sink(output(rid, "a", [1], 0, None))
+        elif regex == "slow":
             message = "grammar compile timed out after 10 s"
             reason = FinishReason.abort(message, InvalidRequest("regex", message))
             sink(output(rid, "", [], 0, reason))
@@ -67,6 +73,9 @@ class FakeEngine:
 
     def abort(self, rid: str) -> None:
         self.aborted.append(rid)
+        sink = self.hanging.pop(rid, None)
+        if sink is not None:
+            sink(output(rid, "", [], 1, FinishReason.abort("aborted by request")))
 
     def flush_cache(self) -> bool:
         return True
@@ -83,8 +92,13 @@ class FakeEngine:
 
 
 @pytest.fixture(scope="module")
-def url():
-    with serve(create_app(FakeEngine())) as base:
+def fake():
+    return FakeEngine()
+
+
+@pytest.fixture(scope="module")
+def url(fake):
+    with serve(create_app(fake)) as base:
         yield base
 
 
@@ -115,6 +129,27 @@ def test_engine_fault_is_a_500_json_error_and_the_server_keeps_serving(url):
     ok = generate(url, "fine", stream=True)
     events = list(sse_events(ok.iter_lines()))
     assert events[-1] == "[DONE]" and events[-2]["text"] == "ab"
+
+
+def wait_aborted(fake: FakeEngine, rid: str) -> None:
+    deadline = time.monotonic() + 10
+    while rid not in fake.aborted:
+        assert time.monotonic() < deadline, f"{rid} was never aborted"
+        time.sleep(0.02)
+
+
+def test_a_client_leaving_a_plain_request_aborts_it(url, fake):
+    body = {"text": "x", "rid": "plain", "sampling_params": {"regex": "hang"}}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/generate", json=body, timeout=httpx.Timeout(10, read=0.3))
+    wait_aborted(fake, "plain")  # on the client's disconnect message
+
+
+def test_a_client_leaving_a_stream_aborts_it(url, fake):
+    body = {"text": "x", "rid": "streamed", "stream": True, "sampling_params": {"regex": "hang"}}
+    with httpx.stream("POST", f"{url}/generate", json=body, timeout=10) as response:
+        assert next(sse_events(response.iter_lines()))["text"] == "a"
+    wait_aborted(fake, "streamed")
 
 
 def test_openai_names_the_fake_model_and_rejects_others(url):
