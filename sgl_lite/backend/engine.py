@@ -68,7 +68,8 @@ def _configure_logging(level: str) -> None:
 
 
 class Engine:
-    """In-process engine: `Engine(model_path=None, **server_flags_in_snake_case)`."""
+    """In-process engine: `Engine(model_path=None, **server_flags_in_snake_case)`, or
+    `Engine(config, runner=..., tokenizer=...)` to drive a given runner and tokenizer."""
 
     def __init__(
         self,

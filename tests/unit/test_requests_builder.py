@@ -17,8 +17,8 @@ def builder() -> RequestBuilder:
         EngineConfig(device="cpu"),
         ByteTokenizer(),
         vocab_size=VOCAB,
-        context_length=100,
-        pool_size=64,
+        context_length=200,
+        pool_size=1024,
     )
 
 
@@ -37,7 +37,7 @@ def build(builder: RequestBuilder, *args, **kwargs):
         ({"prompt": "a", "sampling_params": [{}, {}]}, "sampling_params"),
         ({"prompt": ["a"], "rid": ["x", "y"]}, "rid"),
         ({"prompt": "a", "logprob_start_len": 5}, "logprob_start_len"),
-        ({"prompt": "a", "sampling_params": {"max_new_tokens": 70}}, "max_new_tokens"),
+        ({"prompt": "a", "sampling_params": {"max_new_tokens": 200}}, "max_new_tokens"),
         ({"prompt": "a", "sampling_params": {"stop_token_ids": [VOCAB]}}, "stop_token_ids"),
         ({"prompt": "a", "sampling_params": {"stop": [""]}}, "stop"),
         ({"prompt": "a", "sampling_params": {"stop_regex": "x*"}}, "stop_regex"),
@@ -56,7 +56,7 @@ def test_n_samples_get_their_own_ids_and_seeds(builder):
     groups, batched = build(
         builder, ["ab", "c"], {"n": 2, "sampling_seed": 4}, rid=["p", "q"], return_logprob=True
     )
-    assert not batched or [[r.rid for r in g] for g in groups] == [["p-0", "p-1"], ["q-0", "q-1"]]
+    assert batched and [[r.rid for r in g] for g in groups] == [["p-0", "p-1"], ["q-0", "q-1"]]
     first, second = groups[0]
     assert first.input_ids == [97, 98] and first.generator is not None
     assert first.generator.initial_seed() == 4 and second.generator.initial_seed() == 5
@@ -64,5 +64,13 @@ def test_n_samples_get_their_own_ids_and_seeds(builder):
 
 
 def test_the_room_for_new_tokens_is_bounded_by_context_and_pool(builder):
-    assert builder.max_new_tokens_room(10) == 53  # the pool (64, one slot spare) binds first
-    assert builder.max_new_tokens_room(80) == 0
+    assert builder.max_new_tokens_room(10) == 190  # the context binds
+    assert builder.max_new_tokens_room(250) == 0
+    small_pool = RequestBuilder(
+        EngineConfig(device="cpu"),
+        ByteTokenizer(),
+        vocab_size=VOCAB,
+        context_length=200,
+        pool_size=64,
+    )
+    assert small_pool.max_new_tokens_room(10) == 53  # the pool binds, one slot spare
