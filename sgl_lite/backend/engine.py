@@ -266,6 +266,8 @@ class Engine:
                         self._publish(req)
                     elif req in self.scheduler.running:
                         self._abort(req, FinishReason.abort(str(error), error))
+        # Requests submitted while stopping are answered too: nobody waits on a dead loop.
+        self._drain_inbox(block=False)
         error = EngineError("engine shut down")
         for req in list(self._reqs.values()):
             self._abort(req, FinishReason.abort(str(error), error))

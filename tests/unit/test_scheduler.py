@@ -271,3 +271,19 @@ def test_a_failing_step_aborts_the_batch_with_an_engine_error_and_the_engine_goe
     assert "device lost" in out.finish_reason.message
     engine.check_integrity()
     assert engine.generate("ok", {"max_new_tokens": 3})["meta_info"]["completion_tokens"] == 3
+
+
+def test_shutdown_answers_every_pending_request_with_an_abort():
+    import queue
+
+    from sgl_lite.backend.errors import EngineError
+
+    engine, _ = make()
+    outputs: queue.SimpleQueue = queue.SimpleQueue()
+    engine.submit(outputs.put, prompt="long", sampling_params={"max_new_tokens": 2000})
+    engine.shutdown()
+    while not (out := outputs.get(timeout=10)).finished:
+        pass
+    assert isinstance(out.finish_reason.error, EngineError)
+    with pytest.raises(EngineError, match="shut down"):
+        engine.generate("late")
