@@ -27,6 +27,8 @@ from sgl_lite.backend.server.bridge import (
     sse,
     with_first,
 )
+from sgl_lite.backend.server.chat import add_chat_routes
+from sgl_lite.backend.server.compat import generate_body
 from sgl_lite.backend.server.metrics import CONTENT_TYPE, ServerMetrics
 from sgl_lite.backend.server.openai_api import add_openai_routes
 from sgl_lite.backend.server.protocol import (
@@ -38,6 +40,7 @@ from sgl_lite.backend.server.protocol import (
     read_json,
     validation_error,
 )
+from sgl_lite.backend.server.tokenizer_api import add_tokenizer_routes
 
 DEFAULT_MAX_BODY_BYTES = 32 * 2**20
 
@@ -188,7 +191,7 @@ def create_app(
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
-        req = parse(GenerateRequest, await read_json(request, max_body_bytes))
+        req = parse(GenerateRequest, generate_body(await read_json(request, max_body_bytes)))
         sub = await bridge.submit(
             text=req.text,
             input_ids=req.input_ids,
@@ -214,13 +217,16 @@ def create_app(
     async def metrics_endpoint() -> Response:
         return Response(await bridge.call(metrics.render), media_type=CONTENT_TYPE)
 
-    add_openai_routes(
-        app,
-        bridge,
-        served_model_name=name,
-        accepted_names={"default", name, config.model_path or "default", str(engine.model_folder)},
-        max_body_bytes=max_body_bytes,
-    )
+    accepted_names = {"default", name, config.model_path or "default", str(engine.model_folder)}
+    for add_routes in (add_openai_routes, add_chat_routes):
+        add_routes(
+            app,
+            bridge,
+            served_model_name=name,
+            accepted_names=accepted_names,
+            max_body_bytes=max_body_bytes,
+        )
+    add_tokenizer_routes(app, bridge, max_body_bytes=max_body_bytes)
     routes = {getattr(r, "path", "") for r in app.routes}
     app.add_middleware(
         _Gate, api_key=api_key, max_body_bytes=max_body_bytes, metrics=metrics, routes=routes

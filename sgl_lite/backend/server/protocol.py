@@ -115,10 +115,23 @@ class ContentPart(_Wire):
     text: StrictStr
 
 
+class FunctionCall(_Wire):
+    name: StrictStr
+    arguments: StrictStr
+
+
+class ToolCall(_Wire):
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Wire):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[ContentPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: StrictStr | None = None
 
     def text(self) -> str:
         """The message's content as one string (text parts joined)."""
@@ -139,8 +152,33 @@ class ResponseFormat(_Wire):
     json_schema: JsonSchemaFormat | None = None
 
 
+class FunctionDef(_Wire):
+    name: StrictStr = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(_Wire):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Wire):
+    name: StrictStr
+
+
+class NamedToolChoice(_Wire):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatCompletionRequest(_SamplingFields):
     """`POST /v1/chat/completions`."""
+
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = Field(None, ge=0)
