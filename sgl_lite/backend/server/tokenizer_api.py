@@ -57,13 +57,13 @@ class DetokenizeRequest(_Wire):
 
 def add_tokenizer_routes(app: FastAPI, bridge: EngineBridge, *, max_body_bytes: int) -> None:
     """Adds /tokenize, /detokenize and their /v1 aliases to `app`."""
-    tokenizer = bridge.engine.tokenizer
-    context_length = bridge.engine.runner.context_length
+    engine = bridge.engine  # NOTE: its tokenizer is read per request (test fakes have none)
 
     @app.post("/tokenize")
     @app.post("/v1/tokenize")
     async def tokenize(request: Request) -> JsonResponse:
         req = parse(TokenizeRequest, await read_json(request, max_body_bytes))
+        tokenizer = engine.tokenizer
         if req.messages is not None:
             texts, single = [await bridge.call(_render, tokenizer, req)], True
             # NOTE: the rendered template already holds its special tokens
@@ -76,7 +76,7 @@ def add_tokenizer_routes(app: FastAPI, bridge: EngineBridge, *, max_body_bytes: 
         body: dict[str, Any] = {
             "tokens": ids[0] if single else ids,
             "count": len(ids[0]) if single else [len(i) for i in ids],
-            "max_model_len": context_length,
+            "max_model_len": engine.runner.context_length,
         }
         if req.return_token_strs:
             strs = [tokenizer.convert_ids_to_tokens(i) for i in ids]
@@ -87,6 +87,7 @@ def add_tokenizer_routes(app: FastAPI, bridge: EngineBridge, *, max_body_bytes: 
     @app.post("/v1/detokenize")
     async def detokenize(request: Request) -> JsonResponse:
         req = parse(DetokenizeRequest, await read_json(request, max_body_bytes))
+        tokenizer = engine.tokenizer
         tokens = req.tokens
         single = not tokens or not isinstance(tokens[0], list)
         batch: list[list[int]] = [tokens] if single else tokens  # type: ignore[list-item]
