@@ -159,6 +159,15 @@ def generate_body(data: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def sglang05_meta(result: dict[str, Any]) -> dict[str, Any]:
+    """Adds the meta keys SGLang 0.5 returns beside 0.4's: `output_token_logprobs_length`,
+    the number of output logprob entries so far (a stream sends only the new entries)."""
+    meta = result["meta_info"]
+    if "output_token_logprobs" in meta:
+        meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
+    return result
+
+
 def sampling_params(params: Any, where: str) -> Any:
     """SGLang sampling params with the no-ops removed; a 400 for a refused one.
 

@@ -28,7 +28,7 @@ from sgl_lite.backend.server.bridge import (
     with_first,
 )
 from sgl_lite.backend.server.chat import add_chat_routes
-from sgl_lite.backend.server.compat import generate_body
+from sgl_lite.backend.server.compat import generate_body, sglang05_meta
 from sgl_lite.backend.server.metrics import CONTENT_TYPE, ServerMetrics
 from sgl_lite.backend.server.openai_api import add_openai_routes
 from sgl_lite.backend.server.protocol import (
@@ -204,7 +204,7 @@ def create_app(
             return_text_in_logprobs=req.return_text_in_logprobs,
         )
         if not req.stream:
-            results = await bridge.collect(sub, request)
+            results = [sglang05_meta(r) for r in await bridge.collect(sub, request)]
             if sub.single:
                 results[0].pop("index", None)
                 return JsonResponse(results[0])
@@ -241,7 +241,7 @@ async def _native_events(
     sent: dict[tuple[int, str], int] = {}
     async with contextlib.aclosing(with_first(first, chunks)) as stream:
         async for chunk in stream:
-            meta = chunk["meta_info"]
+            meta = sglang05_meta(chunk)["meta_info"]
             for key in LOGPROB_KEYS:
                 if key in meta:
                     entries = list(meta[key])
