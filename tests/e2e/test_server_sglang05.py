@@ -230,3 +230,18 @@ def test_health_generate_runs_a_generation(url):
     response = httpx.get(f"{url}/health_generate", timeout=60)
     assert response.status_code == 200 and response.json() == {"status": "ok"}
     assert flush(url)["pool_free_tokens"] == before["pool_free_tokens"]
+
+
+def test_a_set_stop_regex_reaches_the_engine_and_is_never_dropped(url):
+    from dataclasses import fields
+
+    from sgl_lite.backend.sampling_params import SamplingParams
+
+    params = {"max_new_tokens": 16, "temperature": 0, "stop_regex": r"[0-9]"}
+    response = generate(url, text="Count with me: 1, 2, 3,", sampling_params=params)
+    if "stop_regex" in {f.name for f in fields(SamplingParams)}:
+        assert response.status_code == 200, response.text
+        reason = response.json()["meta_info"]["finish_reason"]
+        assert reason["type"] == "length" or reason.get("matched", "").isdigit(), reason
+    else:  # the engine does not know it yet: its 400 names it
+        assert response.status_code == 400 and "stop_regex" in response.json()["error"]["message"]

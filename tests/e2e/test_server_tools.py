@@ -277,3 +277,35 @@ def test_no_op_identifiers_are_accepted(client):
         service_tier="auto",
     )
     assert reply.choices[0].message.content is not None
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"best_of": 3}, "best_of"),
+        ({"logit_bias": {"42": 5}}, "logit_bias"),
+        ({"echo2": 1}, "echo2"),
+    ],
+)
+def test_refused_completion_fields_get_a_400_naming_them(url, extra, param):
+    body = {"prompt": "Hello", "max_tokens": 2, **extra}
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    ok = httpx.post(f"{url}/v1/completions", json={**body, **dict.fromkeys(extra)}, timeout=60)
+    assert ok.status_code == (400 if param == "echo2" else 200), ok.text
+
+
+def test_streamed_auto_answer_equals_the_plain_answer(client):
+    kwargs = {
+        "model": "default",
+        "messages": ask("Name a fruit."),
+        "tools": [WEATHER],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+    plain = client.chat.completions.create(**kwargs).choices[0]
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == plain.message.content
+    assert not any(c.choices[0].delta.tool_calls for c in chunks)

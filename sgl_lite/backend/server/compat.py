@@ -204,6 +204,10 @@ CHAT_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "store": ((None, False), "completions are not stored"),
     "service_tier": ((None, "auto", "default"), "there are no service tiers"),
 }
+COMPLETION_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "best_of": ((None, 1), "best_of is not implemented; use n and rank the samples"),
+    "logit_bias": ((None, {}), "logit_bias needs support in the sampler, which it lacks"),
+}
 MESSAGE_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "audio": ((None,), "audio is not supported"),
     "function_call": ((None,), "the legacy functions API is not implemented; use tool_calls"),
@@ -227,6 +231,12 @@ def chat_body(data: dict[str, Any], implemented: set[str]) -> dict[str, Any]:
             for m in messages
         ]
     return body
+
+
+def completion_body(data: dict[str, Any], implemented: set[str]) -> dict[str, Any]:
+    """A completions body with `user` removed; a 400 for a refused or unknown field."""
+    _refuse(data, COMPLETION_REFUSED, implemented | {"user"} | set(COMPLETION_REFUSED), "")
+    return {k: v for k, v in data.items() if k in implemented}
 
 
 def _refuse(

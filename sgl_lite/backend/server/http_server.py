@@ -3,7 +3,8 @@
 `create_app(engine)` builds the app; `launch_server` runs it under uvicorn. This module owns the
 wire (JSON bodies, SSE, status codes, auth, body limits) and the bridge from asyncio to the
 engine's blocking calls (`bridge.py`); it never touches tensors, slots or the scheduler. The OpenAI
-endpoints live in `openai_api.py`; both share the bridge and the error body.
+endpoints live in `openai_api.py` and `chat.py`, /tokenize in `tokenizer_api.py`; all share the
+bridge and the error body. `compat.py` decides which foreign request fields are honoured.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from sgl_lite.backend.server.bridge import (
     sse,
     with_first,
 )
+from sgl_lite.backend.server.compat import completion_body
 from sgl_lite.backend.server.protocol import (
     ApiError,
     CompletionRequest,
@@ -39,6 +40,9 @@ _ALIASES = {
     "text": "prompt",
     "input_ids": "prompt",
 }
+
+
+_COMPLETION_FIELDS = set(CompletionRequest.model_fields)
 
 
 def add_openai_routes(
@@ -73,7 +77,8 @@ def add_openai_routes(
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        req = parse(CompletionRequest, await read_json(request, max_body_bytes))
+        body = completion_body(await read_json(request, max_body_bytes), _COMPLETION_FIELDS)
+        req = parse(CompletionRequest, body)
         check_model(req.model)
         if req.suffix:
             raise ApiError(400, "suffix is not supported", param="suffix")
