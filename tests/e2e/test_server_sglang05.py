@@ -245,3 +245,9 @@ def test_a_set_stop_regex_reaches_the_engine_and_is_never_dropped(url):
         assert reason["type"] == "length" or reason.get("matched", "").isdigit(), reason
     else:  # the engine does not know it yet: its 400 names it
         assert response.status_code == 400 and "stop_regex" in response.json()["error"]["message"]
+
+
+def test_a_string_rid_for_a_batch_prefixes_each_prompt(url):
+    response = generate(url, text=["a", "b"], rid="job", sampling_params=GREEDY)
+    assert response.status_code == 200, response.text
+    assert [r["meta_info"]["id"] for r in response.json()] == ["job_0", "job_1"]
