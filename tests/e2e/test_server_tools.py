@@ -36,7 +36,7 @@ WEATHER = {
 TIME = {
     "type": "function",
     "function": {
-        "name": "get_time",
+        "name": "get-time",
         "description": "The local time in a time zone.",
         "parameters": {
             "type": "object",

@@ -31,7 +31,7 @@ ADD = {
         },
     },
 }
-NOTE = {"type": "function", "function": {"name": "note", "parameters": {"type": "object"}}}
+NOTE = {"type": "function", "function": {"name": "note-it", "parameters": {"type": "object"}}}
 
 
 class _Compiler:
@@ -50,13 +50,13 @@ def test_auto_scan_splits_content_and_valid_calls():
     text = (
         "Let me add.\n<tool_call>\n"
         '{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
-        '<tool_call>{"name": "note", "arguments": {"x": [1]}}</tool_call>'
+        '<tool_call>{"name": "note-it", "arguments": {"x": [1]}}</tool_call>'
     )
     result = scan(auto(), text, final=True)
     assert result.content == "Let me add.\n\n"
     assert [(c.name, json.loads(c.arguments)) for c in result.calls] == [
         ("add", {"a": 1, "b": 2}),
-        ("note", {"x": [1]}),
+        ("note-it", {"x": [1]}),
     ]
     assert message(result)["content"] == "Let me add.\n\n"
 
@@ -90,11 +90,11 @@ def test_parallel_tool_calls_false_keeps_only_the_first_call():
 
 def test_required_scan_reads_the_constrained_list():
     plan = plan_tools([ADD, NOTE], "required", True)
-    text = '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "note", "arguments": {}}]'
+    text = '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "note-it", "arguments": {}}]'
     result = scan(plan, text, final=True)
     assert [(c.name, c.arguments, c.done) for c in result.calls] == [
         ("add", '{"a": 1, "b": 2}', True),
-        ("note", "{}", True),
+        ("note-it", "{}", True),
     ]
     regex = constraint(plan, compiler=_Compiler())
     assert re.fullmatch(regex, text)
@@ -104,26 +104,40 @@ def test_required_scan_reads_the_constrained_list():
 def test_required_constraint_without_parallel_calls_allows_one_call():
     plan = plan_tools([ADD, NOTE], "required", False)
     regex = constraint(plan, compiler=_Compiler())
-    assert re.fullmatch(regex, '[{"name": "note", "arguments": {"k": "v"}}]')
+    assert re.fullmatch(regex, '[{"name": "note-it", "arguments": {"k": "v"}}]')
     assert not re.fullmatch(
-        regex, '[{"name": "note", "arguments": {}}, {"name": "note", "arguments": {}}]'
+        regex, '[{"name": "note-it", "arguments": {}}, {"name": "note-it", "arguments": {}}]'
     )
 
 
 def test_free_form_parameters_use_the_bounded_json_object_regex():
-    plan = plan_tools([NOTE], {"type": "function", "function": {"name": "note"}}, True)
+    plan = plan_tools([NOTE], {"type": "function", "function": {"name": "note-it"}}, True)
     assert constraint(plan, compiler=_Compiler()) == JSON_OBJECT_REGEX
+
+
+def test_an_object_schema_with_other_keywords_goes_to_the_engine():
+    schema = {"type": "object", "anyOf": [{"required": ["a"]}]}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    seen = []
+
+    class Recording:
+        def validate(self, kind, pattern):
+            seen.append(pattern)
+            return r"\{\}"
+
+    plan = plan_tools([tool], {"type": "function", "function": {"name": "f"}}, True)
+    assert constraint(plan, Recording()) == r"\{\}" and seen == [schema]
 
 
 TEXTS = {
     "auto": (
         auto(),
         'Sure: <tool_call>{"name": "add", "arguments": {"a": 10, "b": -2}}</tool_call> '
-        'and <tool_call>{"name": "note", "arguments": {"t": "x}"}}</tool_call> done',
+        'and <tool_call>{"name": "note-it", "arguments": {"t": "x}"}}</tool_call> done',
     ),
     "required": (
         plan_tools([ADD, NOTE], "required", True),
-        '[{"name": "add", "arguments": {"a": 1, "b": 22}}, {"name": "note", "arguments": '
+        '[{"name": "add", "arguments": {"a": 1, "b": 22}}, {"name": "note-it", "arguments": '
         '{"s": "a]}\\"b"}}]',
     ),
     "named": (

@@ -135,13 +135,21 @@ def _checked_parameters(parameters: dict[str, Any] | None, i: int) -> dict[str, 
     return parameters
 
 
+# keywords that do not constrain an object beyond its (absent) properties
+_FREE_FORM_KEYS = {
+    "type", "title", "description", "properties", "additionalProperties", "$schema",
+}  # fmt: skip
+
+
 def arguments_regex(compiler: Any, schema: dict[str, Any], field: str) -> str:
     """The regex a function's arguments are generated under (a 400 naming `field` if the
     engine's JSON-schema support cannot express it)."""
-    if not schema.get("properties") and "$ref" not in schema:
+    if set(schema) <= _FREE_FORM_KEYS and not schema.get("properties"):
+        # an object with no declared properties: {} if no others are allowed, else any object
         if schema.get("additionalProperties") is False:
             return EMPTY_OBJECT_REGEX
-        return JSON_OBJECT_REGEX
+        if schema.get("additionalProperties", True) is True:
+            return JSON_OBJECT_REGEX
     try:
         return compiler.validate("json_schema", schema)
     except ValueError as exc:
@@ -174,7 +182,8 @@ def constraint(plan: ToolPlan, compiler: Any) -> str | None:
 
 
 def _literal(text: str) -> str:
-    return re.escape(text).replace('\\"', '"')
+    # NOTE: only regex operators: `re.escape` also escapes "-", which not every dialect accepts
+    return re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", text)
 
 
 # --- the prompt ------------------------------------------------------------------------------
