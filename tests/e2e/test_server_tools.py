@@ -231,6 +231,11 @@ def _bad_requests() -> list[tuple[dict, str]]:
             },
             "response_format",
         ),
+        (
+            {"tools": [{**WEATHER, "function": {**WEATHER["function"], "examples": []}}]},
+            "tools.0.function.examples",
+        ),
+        ({"tools": [{"type": "code_interpreter"}]}, "tools.0.type"),
         ({"logit_bias": {"42": 5}}, "logit_bias"),
         ({"functions": [WEATHER["function"]]}, "functions"),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
@@ -283,6 +288,11 @@ def test_no_op_identifiers_are_accepted(client):
     ("extra", "param"),
     [
         ({"best_of": 3}, "best_of"),
+        (
+            {"tools": [{**WEATHER, "function": {**WEATHER["function"], "examples": []}}]},
+            "tools.0.function.examples",
+        ),
+        ({"tools": [{"type": "code_interpreter"}]}, "tools.0.type"),
         ({"logit_bias": {"42": 5}}, "logit_bias"),
         ({"echo2": 1}, "echo2"),
     ],

@@ -152,23 +152,28 @@ class ResponseFormat(_Wire):
     json_schema: JsonSchemaFormat | None = None
 
 
-class FunctionDef(_Wire):
+class _Closed(_Wire):
+    # NOTE: a tool's definition is refused, not trimmed, when it carries a field we do not know
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionDef(_Closed):
     name: StrictStr = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: StrictStr | None = None
     parameters: dict[str, Any] | None = None
     strict: StrictBool | None = None
 
 
-class Tool(_Wire):
+class Tool(_Closed):
     type: Literal["function"]
     function: FunctionDef
 
 
-class FunctionName(_Wire):
+class FunctionName(_Closed):
     name: StrictStr
 
 
-class NamedToolChoice(_Wire):
+class NamedToolChoice(_Closed):
     type: Literal["function"]
     function: FunctionName
 
