@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 
 class _Wire(BaseModel):
-    # NOTE: unknown fields are ignored (clients send extras such as `user`, `image_data`);
-    # wrong types of known fields are rejected.
+    # NOTE: unknown fields are ignored here: `compat.py` has already refused or removed each
+    # top-level field a model does not read (`user`, `image_data`, ...); wrong types are rejected.
     model_config = ConfigDict(extra="ignore")
 
 
