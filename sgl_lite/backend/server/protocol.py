@@ -23,8 +23,8 @@ from sgl_lite.backend.sampling_params import SAMPLING_PARAM_NAMES
 
 
 class _Wire(BaseModel):
-    # NOTE: unknown fields are ignored (clients send extras such as `user`, `image_data`);
-    # wrong types of known fields are rejected.
+    # NOTE: unknown fields are ignored here: `compat.py` has already refused or removed each
+    # top-level field a model does not read (`user`, `image_data`, ...); wrong types are rejected.
     model_config = ConfigDict(extra="ignore")
 
 
@@ -109,10 +109,23 @@ class ContentPart(_Wire):
     text: StrictStr
 
 
+class FunctionCall(_Wire):
+    name: StrictStr
+    arguments: StrictStr
+
+
+class ToolCall(_Wire):
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Wire):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[ContentPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: StrictStr | None = None
 
     def text(self) -> str:
         """The message's content as one string (text parts joined)."""
@@ -133,8 +146,38 @@ class ResponseFormat(_Wire):
     json_schema: JsonSchemaFormat | None = None
 
 
+class _Closed(_Wire):
+    # NOTE: a tool's definition is refused, not trimmed, when it carries a field we do not know
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionDef(_Closed):
+    name: StrictStr = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(_Closed):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Closed):
+    name: StrictStr
+
+
+class NamedToolChoice(_Closed):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatCompletionRequest(_SamplingFields):
     """`POST /v1/chat/completions`."""
+
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = Field(None, ge=0)
