@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from sgl_lite.common.sequences import common_prefix_len
+
 
 class ChoicesDecision(NamedTuple):
     decision: str
@@ -136,15 +138,6 @@ class ChoiceTokens(NamedTuple):
     ids: list[int]
     start: int
     merged: bool
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def choice_tokens(

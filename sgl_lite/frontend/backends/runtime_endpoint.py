@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from sgl_lite.common.sequences import common_prefix_len
 from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt
 from sgl_lite.frontend.chat_template import (
     ChatTemplate,
@@ -21,7 +22,6 @@ from sgl_lite.frontend.chat_template import (
 from sgl_lite.frontend.choices import (
     ChoicesDecision,
     ChoicesMethod,
-    common_prefix_len,
     logprob_values,
 )
 
