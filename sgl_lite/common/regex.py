@@ -3,7 +3,9 @@
 `validate_regex` is the single check of "can this regex become a finite automaton": the
 frontend runs it where `gen(regex=...)` is written and the grammar compiler before it builds an
 index, so the two can never disagree. It parses with Python's own regex parser and rejects what
-no DFA can match (backreferences, conditionals, lookarounds, word boundaries).
+the automaton builder (outlines-core) cannot take: backreferences, conditionals, lookarounds,
+word boundaries, and start anchors (`^`, `\\A`) or `\\Z` (the output is matched from its start
+anyway; `$` is accepted). tests/unit/test_frontend_common.py checks the two agree.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ _UNSUPPORTED = {
     sre_constants.ASSERT_NOT: "a negative lookahead/lookbehind",
 }
 _BOUNDARIES = {sre_constants.AT_BOUNDARY, sre_constants.AT_NON_BOUNDARY}
+_ANCHORS = {
+    sre_constants.AT_BEGINNING: "^",
+    sre_constants.AT_BEGINNING_LINE: "^",
+    sre_constants.AT_BEGINNING_STRING: "\\A",
+    sre_constants.AT_END_STRING: "\\Z",
+}
 
 
 def validate_regex(pattern: Any, *, what: str = "regex") -> None:
@@ -38,7 +46,7 @@ def validate_regex(pattern: Any, *, what: str = "regex") -> None:
     `what` names the pattern in the message ("regex", "json_schema pattern", ...).
     """
     if not isinstance(pattern, str):
-        raise RegexError(f"{what} must be a str; got {type(pattern).__name__}")
+        raise RegexError(f"{what} must be a string, got {type(pattern).__name__}")
     try:
         parsed = sre_parse.parse(pattern)
     except re.error as exc:
@@ -56,6 +64,11 @@ def validate_regex(pattern: Any, *, what: str = "regex") -> None:
                 )
             if len(node) == 2 and node[0] == sre_constants.AT and node[1] in _BOUNDARIES:
                 raise RegexError(f"invalid {what} {pattern!r}: word boundaries are not supported")
+            if len(node) == 2 and node[0] == sre_constants.AT and node[1] in _ANCHORS:
+                raise RegexError(
+                    f"invalid {what} {pattern!r}: the anchor {_ANCHORS[node[1]]} is not "
+                    "supported (the output always matches the regex from its start); drop it"
+                )
             stack.extend(x for x in node if isinstance(x, (list, tuple, sre_parse.SubPattern)))
 
 

@@ -100,6 +100,10 @@ class Executor:
                     )
                 role = None
         with self._cond:
+            if self._error is not None:
+                # NOTE: a failed program runs nothing more (its queue was dropped); work queued
+                # now would never run and `sync` would wait for it forever.
+                return
             self._submit_role = role
             for leaf in leaves:
                 if isinstance(leaf, _NAMED) and leaf.name is not None:

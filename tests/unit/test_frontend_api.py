@@ -66,7 +66,7 @@ def test_dtype_becomes_a_regex_and_adds_the_dtype_stops():
         (lambda: sgl.gen("x", regex=r"(?<=a)b"), "lookbehind cannot be compiled"),
         (lambda: sgl.gen("x", regex=r"(a)\1"), "backreference"),
         (lambda: sgl.gen("x", regex=r"\bword"), "word boundaries"),
-        (lambda: sgl.gen("x", regex=3), "must be a str"),
+        (lambda: sgl.gen("x", regex=3), "must be a string"),
         (lambda: sgl.gen("x", regex="a", json_schema="{}"), "at most one"),
         (lambda: sgl.gen("x", json_schema="{not json"), "not valid JSON"),
         (lambda: sgl.gen("x", dtype=list), "dtype"),

@@ -4,6 +4,7 @@ scopes, streaming, batches and errors."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -192,6 +193,23 @@ def test_error_in_run_raises_from_the_variable_read():
 
     with pytest.raises(sgl.ProgramError, match="gen\\('a'\\).*engine down"):
         prog.run(backend=MockBackend(reply))
+
+
+def test_work_added_after_a_failed_step_is_dropped_instead_of_waited_for():
+    def reply(text, req):
+        raise RuntimeError("engine down")
+
+    state = sgl.ProgramState(MockBackend(reply))
+    state += "x" + sgl.gen("a")
+    with pytest.raises(sgl.ProgramError, match="engine down"):
+        state["a"]  # the step has failed by now
+    state += sgl.gen("b")  # must not leave a queue that nothing will ever run
+    done = threading.Event()
+    threading.Thread(target=lambda: (state.sync(), done.set()), daemon=True).start()
+    assert done.wait(5), "sync() waits for work a failed program will never run"
+    assert isinstance(state.error(), RuntimeError)
+    with pytest.raises(sgl.ProgramError, match="gen\\('a'\\)"):
+        state["b"]
 
 
 def test_reading_a_variable_that_is_never_set_raises_instead_of_waiting():
