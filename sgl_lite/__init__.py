@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sgl_lite.frontend import globals as _globals
 from sgl_lite.frontend.api import (
     assistant,
     assistant_begin,
@@ -33,7 +34,7 @@ from sgl_lite.frontend.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from sgl_lite.frontend.globals import set_default_backend, set_default_backend_factory
+from sgl_lite.frontend.globals import set_default_backend
 from sgl_lite.frontend.interpreter import ProgramError, ProgramState
 from sgl_lite.frontend.program import SglFunction, flush_cache, get_server_info
 
@@ -41,7 +42,7 @@ __version__ = "0.1.0"
 
 # A program run without a backend, when none was set, starts `sgl.Runtime()` on the embedded
 # model (the program layer calls this factory; it cannot import the backends above it).
-set_default_backend_factory(Runtime)
+_globals.set_default_backend_factory(Runtime)
 
 
 def __getattr__(name: str) -> Any:

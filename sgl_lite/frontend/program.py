@@ -178,7 +178,7 @@ class SglFunction:
     ) -> Iterator[ProgramState]:
         bar = None
         if progress_bar:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # NOTE: on use, so `import sgl_lite` does not load it
 
             bar = tqdm(total=len(states), desc="run_batch")
         try:

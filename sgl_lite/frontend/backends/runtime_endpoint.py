@@ -42,7 +42,7 @@ class RuntimeEndpoint(Backend):
         retries: int = 3,
         backoff: float = 0.5,
     ) -> None:
-        import requests
+        import requests  # NOTE: on use, so `import sgl_lite` does not load it
 
         self._requests = requests
         self.base_url = base_url.rstrip("/")
