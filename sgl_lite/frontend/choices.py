@@ -14,6 +14,8 @@ from sgl_lite.common.sequences import common_prefix_len
 
 
 class ChoicesDecision(NamedTuple):
+    """The chosen text and the scores behind it (the select's meta_info)."""
+
     decision: str
     meta_info: dict[str, Any]
 

@@ -189,6 +189,7 @@ class RuntimeEndpoint(Backend):
         return self._call("GET", "/get_server_info")
 
     def get_model_info(self) -> dict[str, Any]:
+        """The server's /get_model_info answer (model path, ...), read at connect time."""
         return self.model_info
 
 
