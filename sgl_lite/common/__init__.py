@@ -11,12 +11,17 @@ from sgl_lite.common.regex import (
     dtype_to_regex,
     validate_regex,
 )
-from sgl_lite.common.sampling_names import LOGPROB_OPTION_NAMES, SAMPLING_PARAM_NAMES
+from sgl_lite.common.sampling_names import (
+    LOGPROB_OPTION_NAMES,
+    OPENAI_SPELLINGS,
+    SAMPLING_PARAM_NAMES,
+)
 from sgl_lite.common.sequences import common_prefix_len
 
 __all__ = [
     "DTYPE_REGEXES",
     "LOGPROB_OPTION_NAMES",
+    "OPENAI_SPELLINGS",
     "SAMPLING_PARAM_NAMES",
     "RegexError",
     "common_prefix_len",

@@ -2,7 +2,8 @@
 
 `SAMPLING_PARAM_NAMES` are the keys of a `sampling_params` dict (the fields of the engine's
 `SamplingParams`, checked in tests/unit/test_frontend_common.py); `LOGPROB_OPTION_NAMES` travel
-beside that dict in a generate request (SGLang's `GenerateReqInput`).
+beside that dict in a generate request (SGLang's `GenerateReqInput`); `OPENAI_SPELLINGS` are the
+few that OpenAI's API (and SGLang's `gen()`) spell differently.
 """
 
 from __future__ import annotations
@@ -35,3 +36,9 @@ LOGPROB_OPTION_NAMES: tuple[str, ...] = (
     "top_logprobs_num",
     "return_text_in_logprobs",
 )
+
+OPENAI_SPELLINGS: dict[str, str] = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "sampling_seed": "seed",
+}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sgl_lite.common.sampling_names import LOGPROB_OPTION_NAMES
+from sgl_lite.common.sampling_names import LOGPROB_OPTION_NAMES, OPENAI_SPELLINGS
 from sgl_lite.frontend import ir
 from sgl_lite.frontend.backends.base import GenRequest
 from sgl_lite.frontend.chat_template import ChatTemplate
@@ -35,8 +35,10 @@ GLOBAL_DEFAULTS: dict[str, Any] = {
 }
 RUN_ARGS = tuple(GLOBAL_DEFAULTS)
 
-# gen()'s spellings (SGLang's frontend) of the params it shares with run().
-_GEN_TO_RUN = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+# gen() spells max_new_tokens and min_new_tokens as OpenAI does (SGLang's frontend).
+_GEN_TO_RUN = {
+    gen_name: name for name, gen_name in OPENAI_SPELLINGS.items() if gen_name in ir.SAMPLING_FIELDS
+}
 _DTYPE_STOPS = (" ", "\n")
 
 

@@ -11,6 +11,7 @@ import pytest
 import sgl_lite as sgl
 from sgl_lite.common import (
     LOGPROB_OPTION_NAMES,
+    OPENAI_SPELLINGS,
     SAMPLING_PARAM_NAMES,
     RegexError,
     common_prefix_len,
@@ -61,8 +62,10 @@ def test_sampling_param_names_are_the_engines_sampling_params_fields():
 
 def test_run_defaults_and_gen_arguments_use_sglangs_names():
     assert set(sampling.RUN_ARGS) <= {*SAMPLING_PARAM_NAMES, *LOGPROB_OPTION_NAMES}
-    # gen() spells two of them as SGLang's frontend does, adds its constraints and n.
+    # gen() spells two of them as OpenAI does and adds dtype.
     renamed = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+    assert renamed == sampling._GEN_TO_RUN
+    assert set(OPENAI_SPELLINGS) <= set(SAMPLING_PARAM_NAMES)
     for name in ir.SAMPLING_FIELDS:
         name = renamed.get(name, name)
         assert name in SAMPLING_PARAM_NAMES or name in LOGPROB_OPTION_NAMES or name == "dtype"

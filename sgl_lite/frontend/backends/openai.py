@@ -12,18 +12,22 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sgl_lite.common.sampling_names import SAMPLING_PARAM_NAMES
+from sgl_lite.common.sampling_names import OPENAI_SPELLINGS, SAMPLING_PARAM_NAMES
 from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt
 from sgl_lite.frontend.chat_template import ChatTemplate, get_chat_template_by_model_path
 from sgl_lite.frontend.choices import ChoicesDecision, ChoicesMethod
 
+# The SGLang sampling params OpenAI's API has too, under OpenAI's names.
 _STANDARD = {
-    "max_new_tokens": "max_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "stop": "stop",
+    name: OPENAI_SPELLINGS.get(name, name)
+    for name in (
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "stop",
+    )
 }
 # Every other SGLang sampling param travels in the extra body (sgl_lite and SGLang read it).
 _EXTRA = tuple(name for name in SAMPLING_PARAM_NAMES if name not in _STANDARD)
