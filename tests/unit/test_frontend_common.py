@@ -24,9 +24,19 @@ from sgl_lite.frontend.chat_template import get_chat_template
 
 def test_import_sgl_lite_loads_neither_torch_nor_outlines_core():
     # A fresh interpreter: this test process has torch loaded already (conftest).
+    # ... and neither does running a constrained program (dtype= once imported the backend).
     code = (
         "import sys, sgl_lite as sgl\n"
-        "sgl.gen('x', dtype=int); sgl.gen('y', regex='[a-z]+'); sgl.Runtime; sgl.OpenAI\n"
+        "from sgl_lite.frontend.backends.base import Backend, GenResult\n"
+        "from sgl_lite.frontend.chat_template import get_chat_template\n"
+        "class Echo(Backend):\n"
+        "    chat_template = get_chat_template('chatml')\n"
+        "    def generate(self, prompt, request):\n"
+        "        return GenResult(request.sampling_params['regex'], {})\n"
+        "@sgl.function\n"
+        "def prog(s):\n"
+        "    s += sgl.user('n?') + sgl.assistant(sgl.gen('n', dtype=int))\n"
+        "assert prog.run(backend=Echo())['n'] == '[-+]?[0-9]+'\n"
         "heavy = [m for m in ('torch', 'outlines_core', 'transformers') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
