@@ -6,7 +6,7 @@ STAMP := $(VENV)/.setup-done
 SGL05 := .venv-sglang05
 THREADS ?= 2
 
-.PHONY: setup demo test lint serve bench bench-peers clean
+.PHONY: setup demo test test-fast lint serve bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -31,11 +31,19 @@ $(STAMP): pyproject.toml
 demo: setup
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) examples/quickstart.py
 
+# Every tier: unit, model, e2e (SmolLM2) and cuda (skipped without a device).
 test: setup
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q tests
 
+# The tiers without SmolLM2: unit (no model files) and model (tiny random configs); < 1 minute.
+test-fast: setup
+	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q -m "unit or model" tests
+
+# Style, and the import-linter contracts in pyproject.toml (the frontend's layers, light modules).
 lint: setup
-	$(PY) -m ruff check sgl_lite tests bench
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check sgl_lite tests bench examples
+	$(VENV)/bin/lint-imports
 	$(PY) -m mypy  # files and settings: [tool.mypy] in pyproject.toml
 
 serve: setup

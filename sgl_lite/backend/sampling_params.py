@@ -1,7 +1,8 @@
 """SamplingParams: SGLang's per-request sampling settings, validated before a request is queued.
 
-This module is the one list of sampling-param names (`SAMPLING_PARAM_NAMES`); the server and the
-builder read it instead of keeping their own. Every refusal is an `InvalidRequest` naming the
+The fields of `SamplingParams` are `sgl_lite.common.SAMPLING_PARAM_NAMES`, the one list of
+sampling-param names the frontend, the server and the builder all read (a unit test keeps the two
+equal). Every refusal is an `InvalidRequest` naming the
 param.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 import regex
 
 from sgl_lite.backend.errors import InvalidRequest
+from sgl_lite.common import SAMPLING_PARAM_NAMES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +131,6 @@ class SamplingParams:
         return cls(**values)
 
 
-SAMPLING_PARAM_NAMES: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams))
 # The numeric params and their type, read off the annotations ("int", "float", "int | None").
 _NUMBERS: dict[str, type] = {
     f.name: {"int": int, "float": float}[str(f.type).split(" |")[0]]

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from sgl_lite.backend.errors import InvalidRequest
 from sgl_lite.backend.outputs import FinishReason
-from sgl_lite.backend.sampling_params import SAMPLING_PARAM_NAMES
+from sgl_lite.common import SAMPLING_PARAM_NAMES
 
 
 class _Wire(BaseModel):
