@@ -2,27 +2,30 @@
 
 `GrammarCompiler.validate` is the fast synchronous check done at submission; `submit` builds the
 outlines-core `Index` on a worker thread and shares one future per normalized regex among all
-requests. A `CompiledGrammar` is immutable apart from its memo caches (per-state masks, forced
-bytes) and knows nothing about requests; the per-request cursor is `guide.Guide`.
+requests. The build (automaton plus budget table, see grammar.py) happens there too; the
+per-request cursor is `guide.Guide`.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import re._constants as sre_constants
-import re._parser as sre_parse
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any, Literal
 
 import jsonschema
-import torch
 from outlines_core import Index
 from outlines_core.json_schema import build_regex_from_schema
 
-from sgl_lite.backend.constrained.vocab import TokenVocabulary, byte_vocabulary, vocabulary_for
+from sgl_lite.backend.constrained.grammar import DEFAULT_MASK_CACHE_STATES, CompiledGrammar
+from sgl_lite.backend.constrained.regex_check import (
+    GrammarError,
+    check_regex,
+    digits_to_ascii,
+    string_patterns,
+)
+from sgl_lite.backend.constrained.vocab import byte_vocabulary, vocabulary_for
 
 GrammarKind = Literal["regex", "json_schema"]
 
@@ -31,7 +34,6 @@ GrammarKind = Literal["regex", "json_schema"]
 # keys and separators are forced text that jump-forward appends without sampling. A configured
 # whitespace pattern replaces this with that pattern at every position JSON allows whitespace.
 _WS_SENTINEL = "@@sgl_lite_ws@@"
-DEFAULT_MASK_CACHE_STATES = 512
 
 
 def with_standard_separators(regex: str) -> str:
@@ -39,84 +41,6 @@ def with_standard_separators(regex: str) -> str:
     after a separating ':' or ',', none anywhere else."""
     regex = regex.replace(":" + _WS_SENTINEL, ": ").replace("," + _WS_SENTINEL, ", ")
     return regex.replace(_WS_SENTINEL, "")
-
-
-class GrammarError(ValueError):
-    """A regex or JSON Schema that is invalid, unsupported, or too slow to compile."""
-
-
-class CompiledGrammar:
-    """A compiled regex over one tokenizer's vocabulary, shared by every request using it.
-
-    `index` is the token-level outlines-core Index; `byte_index` is the same regex over the
-    256 single bytes (for jump-forward). Both use the regex DFA's own state ids, so a state of
-    `index` is the same state in `byte_index` (checked in tests/unit/test_constrained_guide.py).
-    """
-
-    def __init__(
-        self,
-        regex: str,
-        index: Index,
-        byte_index: Index,
-        vocab: TokenVocabulary,
-        *,
-        mask_cache_states: int = DEFAULT_MASK_CACHE_STATES,
-    ) -> None:
-        self.regex = regex
-        self.index = index
-        self.byte_index = byte_index
-        self.vocab = vocab
-        self.eos_token_id = vocab.eos_token_id
-        self.vocab_size = vocab.size
-        self.initial_state: int = index.get_initial_state()
-        self.forced: dict[int, bytes] = {}  # state → forced continuation, see jump_forward
-        self._mask_cache_states = mask_cache_states
-        self._masks: OrderedDict[int, torch.Tensor] = OrderedDict()
-        self._num_allowed: dict[int, int] = {}  # state → allowed tokens other than eos
-        self._lock = threading.Lock()
-
-    def mask(self, state: int) -> torch.Tensor:
-        """Allowed tokens in `state` as a (vocab_size,) bool tensor; eos only where accepting.
-
-        Cached per state (LRU); callers must not write into it.
-        """
-        with self._lock:
-            hit = self._masks.get(state)
-            if hit is not None:
-                self._masks.move_to_end(state)
-                return hit
-        allowed = self.index.get_allowed_tokens(state) or []
-        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
-        if allowed:
-            mask[torch.tensor(allowed, dtype=torch.long)] = True
-        with self._lock:
-            self._num_allowed[state] = len(allowed) - int(self.eos_token_id in allowed)
-            self._masks[state] = mask
-            while len(self._masks) > self._mask_cache_states:
-                self._masks.popitem(last=False)
-        return mask
-
-    def num_allowed(self, state: int) -> int:
-        """How many tokens other than eos are allowed in `state`."""
-        n = self._num_allowed.get(state)
-        if n is None:
-            self.mask(state)
-            n = self._num_allowed[state]
-        return n
-
-    def next_state(self, state: int, token_id: int) -> int | None:
-        """The state after `token_id`, or None if the token is not allowed (eos included)."""
-        if token_id == self.eos_token_id:
-            return None
-        return self.index.get_next_state(state, token_id)
-
-    def is_accepting(self, state: int) -> bool:
-        """Whether the text so far is a full match (eos is allowed)."""
-        return bool(self.index.is_final_state(state))
-
-    def is_finished(self, state: int) -> bool:
-        """Whether nothing but eos can follow: the request stops without another forward."""
-        return self.num_allowed(state) == 0
 
 
 class GrammarCompiler:
@@ -201,7 +125,7 @@ class GrammarCompiler:
             raise GrammarError(
                 f"json_schema is not a valid JSON Schema at {where}: {exc.message}"
             ) from None
-        for regex in _string_patterns(schema):
+        for regex in string_patterns(schema):
             check_regex(regex, what="json_schema pattern")
         text = _dumps(schema)
         standard = self.whitespace_pattern is None and _WS_SENTINEL not in text
@@ -302,82 +226,3 @@ class GrammarCompiler:
 
 def _dumps(schema: Any) -> str:
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-
-
-def _string_patterns(node: Any) -> list[str]:
-    """Every `pattern` keyword with a string value in a schema (property names excluded)."""
-    found: list[str] = []
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k == "pattern" and isinstance(v, str):
-                found.append(v)
-            else:
-                found.extend(_string_patterns(v))
-    elif isinstance(node, list):
-        for v in node:
-            found.extend(_string_patterns(v))
-    return found
-
-
-_UNSUPPORTED = {
-    sre_constants.GROUPREF: "a backreference",
-    sre_constants.GROUPREF_EXISTS: "a conditional group",
-    sre_constants.ASSERT: "a lookahead/lookbehind",
-    sre_constants.ASSERT_NOT: "a negative lookahead/lookbehind",
-}
-_BOUNDARIES = {sre_constants.AT_BOUNDARY, sre_constants.AT_NON_BOUNDARY}
-
-
-def check_regex(pattern: str, *, what: str) -> None:
-    """Raises GrammarError if `pattern` is not a regex a finite automaton can match."""
-    try:
-        parsed = sre_parse.parse(pattern)
-    except re.error as exc:
-        raise GrammarError(f"invalid {what} {pattern!r}: {exc}") from None
-    stack: list[Any] = [parsed]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, sre_parse.SubPattern):
-            stack.extend(node.data)
-        elif isinstance(node, (list, tuple)):
-            if len(node) == 2 and node[0] in _UNSUPPORTED:
-                raise GrammarError(
-                    f"invalid {what} {pattern!r}: {_UNSUPPORTED[node[0]]} cannot be compiled "
-                    "to a finite automaton"
-                )
-            if len(node) == 2 and node[0] == sre_constants.AT and node[1] in _BOUNDARIES:
-                raise GrammarError(f"invalid {what} {pattern!r}: word boundaries are not supported")
-            stack.extend(x for x in node if isinstance(x, (list, tuple, sre_parse.SubPattern)))
-
-
-def digits_to_ascii(regex: str) -> str:
-    r"""Rewrites `\d` as ASCII digits (outlines-core's `\d` is Unicode and bloats the automaton)."""
-    out: list[str] = []
-    in_class = False
-    i = 0
-    while i < len(regex):
-        c = regex[i]
-        if c == "\\" and i + 1 < len(regex):
-            nxt = regex[i + 1]
-            if nxt == "d":
-                out.append("0-9" if in_class else "[0-9]")
-            else:
-                out.append(c + nxt)
-            i += 2
-            continue
-        if c == "[" and not in_class:
-            in_class = True
-            out.append(c)
-            if regex[i + 1 : i + 2] == "^":
-                out.append("^")
-                i += 1
-            if regex[i + 1 : i + 2] == "]":  # a literal ] first in a class
-                out.append("]")
-                i += 1
-        elif c == "]" and in_class:
-            in_class = False
-            out.append(c)
-        else:
-            out.append(c)
-        i += 1
-    return "".join(out)
