@@ -264,7 +264,12 @@ class Engine:
             try:
                 from sgl_lite.backend.constrained import Guide
 
-                req.guide = Guide(future.result())
+                params = req.sampling_params  # budget + constraint: see constrained/guide.py
+                req.guide = Guide(
+                    future.result(),
+                    max_new_tokens=params.max_new_tokens,
+                    constraint=params.constraint,
+                )
             except Exception as exc:
                 self._finish(
                     req, {"type": "abort", "message": str(exc), "status_code": 400}, cache=False

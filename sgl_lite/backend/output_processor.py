@@ -152,6 +152,8 @@ class OutputProcessor:
             "e2e_latency": end - req.created_at,
             "forced_tokens": req.forced_tokens,
         }
+        if req.guide is not None and req.finished_at and req.finish_reason["type"] != "abort":
+            meta.update(req.guide.meta_info(req.text))  # budget_closed, constraint_violation
         if req.return_logprob:
             # Copies: the loop thread keeps appending to the request's own lists.
             meta["input_token_logprobs"] = list(req.input_token_logprobs)

@@ -102,6 +102,7 @@ def test_mask_allows_a_token_only_if_a_full_match_fits_after_it(regex: str) -> N
 @pytest.mark.parametrize("regex", TINY_REGEXES)
 def test_byte_bound_is_a_consistent_upper_bound(regex: str, monkeypatch) -> None:
     monkeypatch.setattr(budget_module, "EXACT_MAX_WIDE_STATES", -1)
+    monkeypatch.setattr(budget_module, "WIDE_FANOUT", 2)
     grammar = tiny_grammar(regex)
     assert not grammar.budget.exact
     for text, state in reachable_prefixes(grammar):
@@ -196,3 +197,25 @@ def test_smollm2_byte_level_vocab_lacks_some_single_bytes_so_the_bound_filters_t
     assert ord('"') in singles and ord("}") in singles
     assert 0xC0 not in singles  # never valid UTF-8, so byte-level BPE has no token for it
     assert torch.tensor(sorted(singles)).numel() < 256
+
+
+def test_hybrid_bound_on_a_real_schema_is_close_to_exact_and_decodes_valid(monkeypatch) -> None:
+    from sgl_lite.backend.constrained import GrammarCompiler
+
+    schema = SCHEMAS["nested"]  # a free string inside an array: wide states
+    exact = shared_compiler().compile("json_schema", schema)
+    assert exact.budget.exact
+    monkeypatch.setattr(budget_module, "EXACT_MAX_WIDE_STATES", -1)
+    bound = GrammarCompiler(smollm2_tokenizer(), timeout_s=60.0).compile("json_schema", schema)
+    assert not bound.budget.exact
+    states = list(exact.index.get_transitions())
+    assert all(bound.budget.dist(s) >= exact.budget.dist(s) for s in states)
+    # Keys and separators are counted in real tokens, so the bound is far below one per byte.
+    assert bound.min_tokens <= exact.min_tokens + 2
+    assert max(bound.budget.dist(s) - exact.budget.dist(s) for s in states) <= 3
+    for seed in range(3):
+        out = decode_without_model(
+            bound, seed=seed, jump_forward=True, max_new_tokens=bound.min_tokens + 8, bias=False
+        )
+        assert len(out.ids) <= bound.min_tokens + 8
+        jsonschema.validate(json.loads(out.text), schema)

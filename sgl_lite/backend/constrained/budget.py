@@ -5,11 +5,12 @@ the accepting states. Two graphs can feed the search:
 
 - exact: the token-level transitions of the outlines-core Index (state --token--> state), used
   when the grammar is small enough to list them all (a few wide "any character" states);
-- bound: the byte-level index restricted to the bytes that are a one-token string of the
-  vocabulary. Every such path can be spelt one token per byte, so its length is an upper bound
-  on the true token distance, and the bound is consistent: from any state within the bound,
-  some allowed token keeps the next state within the bound minus one. SmolLM2's byte-level BPE
-  lacks 21 single bytes (0x04, 0x06, 0xC0, 0xC1, 0xF5-0xFF...), which this restriction handles.
+- bound: the real token edges of the narrow states (keys, separators, numbers) and, in the
+  wide states, only the bytes that are a one-token string of the vocabulary. Every edge of that
+  graph is a real token transition, so its distances are an upper bound on the true token
+  distance, and the bound is consistent: from any state within the bound, some allowed token
+  keeps the next state within the bound minus one. SmolLM2's byte-level BPE lacks 21 single
+  bytes (0x04, 0x06, 0xC0, 0xC1, 0xF5-0xFF...), which the restriction handles.
 
 Both give a distance `d` with the property the mask rule needs: a token t is allowed with `r`
 tokens left iff `d(next(s, t)) <= r - 1`, and then an accepting state stays reachable. This module
@@ -28,11 +29,12 @@ import torch
 from sgl_lite.backend.constrained.vocab import BYTE_EOS_ID, TokenVocabulary
 
 UNREACHABLE = 1 << 30
-# NOTE: a state whose byte fan-out reaches WIDE_FANOUT stands for "any character" and has about
-# as many token transitions as the vocabulary; listing them all costs ~0.45 µs each, so the
-# exact table is built only for grammars with at most EXACT_MAX_WIDE_STATES such states.
+# NOTE: a state whose byte fan-out reaches WIDE_FANOUT stands for "any character" and has up to
+# as many token transitions as the vocabulary (~6k on average for SmolLM2's JSON strings);
+# listing them costs ~0.45 µs each, so the exact table is built only for grammars with at most
+# EXACT_MAX_WIDE_STATES such states (a JSON string takes 8).
 WIDE_FANOUT = 32
-EXACT_MAX_WIDE_STATES = 24
+EXACT_MAX_WIDE_STATES = 64
 DEFAULT_BUDGET_MASK_CACHE = 256
 
 
@@ -105,11 +107,15 @@ class BudgetTable:
                     [t for t in m if t != self._eos], [n for t, n in m.items() if t != self._eos]
                 )
         else:
+            # Narrow states (keys, separators, numbers) get their real token edges; wide ones
+            # only the one-token bytes, which keeps the listing small and the bound consistent.
             one_token = {b[0] for b in vocab.token_bytes if b is not None and len(b) == 1}
-            graph = {
-                s: [n for b, n in m.items() if b != BYTE_EOS_ID and b in one_token]
-                for s, m in byte_edges.items()
-            }
+            graph = {}
+            for s, m in byte_edges.items():
+                if len(m) < WIDE_FANOUT:
+                    graph[s] = self._token_successors(s)
+                else:
+                    graph[s] = [n for b, n in m.items() if b != BYTE_EOS_ID and b in one_token]
             self._dist = shortest_completions(graph, accepting)
         self.max_finite = max(self._dist.values(), default=0)
         self._masks: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
@@ -158,6 +164,15 @@ class BudgetTable:
             while len(self._masks) > DEFAULT_BUDGET_MASK_CACHE:
                 self._masks.popitem(last=False)
         return mask
+
+    def _token_successors(self, state: int) -> list[int]:
+        out = []
+        for t in self._index.get_allowed_tokens(state) or []:
+            if t != self._eos:
+                n = self._index.get_next_state(state, t)
+                if n is not None:
+                    out.append(n)
+        return out
 
     def _make_edges(self, tokens: list[int], nxt: list[int | None]) -> StateEdges:
         dist = [UNREACHABLE if n is None else self._dist.get(n, UNREACHABLE) for n in nxt]
