@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 import jsonschema
 from outlines_core import Index
-from outlines_core.json_schema import build_regex_from_schema
 
 from sgl_lite.backend.constrained.grammar import DEFAULT_MASK_CACHE_STATES, CompiledGrammar
 from sgl_lite.backend.constrained.regex_check import (
@@ -25,22 +24,14 @@ from sgl_lite.backend.constrained.regex_check import (
     digits_to_ascii,
     string_patterns,
 )
+from sgl_lite.backend.constrained.schema_regex import schema_to_regex
 from sgl_lite.backend.constrained.vocab import byte_vocabulary, vocabulary_for
 
 GrammarKind = Literal["regex", "json_schema"]
-
 # NOTE: by default JSON is laid out exactly as `json.dumps` writes it: ", " and ": " between items
 # and nothing else (xgrammar's `any_whitespace=False`). A model cannot loop on whitespace, and
 # keys and separators are forced text that jump-forward appends without sampling. A configured
 # whitespace pattern replaces this with that pattern at every position JSON allows whitespace.
-_WS_SENTINEL = "@@sgl_lite_ws@@"
-
-
-def with_standard_separators(regex: str) -> str:
-    """Fills the whitespace slots of a schema regex built with the sentinel pattern: one space
-    after a separating ':' or ',', none anywhere else."""
-    regex = regex.replace(":" + _WS_SENTINEL, ": ").replace("," + _WS_SENTINEL, ", ")
-    return regex.replace(_WS_SENTINEL, "")
 
 
 class GrammarCompiler:
@@ -127,15 +118,7 @@ class GrammarCompiler:
             ) from None
         for regex in string_patterns(schema):
             check_regex(regex, what="json_schema pattern")
-        text = _dumps(schema)
-        standard = self.whitespace_pattern is None and _WS_SENTINEL not in text
-        try:
-            regex = build_regex_from_schema(
-                text, whitespace_pattern=_WS_SENTINEL if standard else self.whitespace_pattern
-            )
-        except Exception as exc:
-            raise GrammarError(f"json_schema is not supported: {exc}") from None
-        return with_standard_separators(regex) if standard else regex
+        return schema_to_regex(schema, whitespace=self.whitespace_pattern)
 
     # -- compilation: off the caller's thread, cached ------------------------------------
 

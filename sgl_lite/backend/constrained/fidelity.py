@@ -54,9 +54,8 @@ def check_output(kind: str, pattern: str | dict, text: str) -> str | None:
             instance = json.loads(text)
         except json.JSONDecodeError as exc:
             return f"output is not valid JSON: {exc}"
-        validator = jsonschema.validators.validator_for(schema)(
-            schema, format_checker=jsonschema.FormatChecker()
-        )
+        cls = jsonschema.validators.validator_for(schema)
+        validator = cls(schema, format_checker=cls.FORMAT_CHECKER)  # this draft's formats
         error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
         if error is None:
             return None
