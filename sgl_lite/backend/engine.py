@@ -262,13 +262,9 @@ class Engine:
             if future is None or req.guide is not None or not future.done():
                 continue
             try:
-                from sgl_lite.backend.constrained import Guide
-
                 params = req.sampling_params  # budget + constraint: see constrained/guide.py
-                req.guide = Guide(
-                    future.result(),
-                    max_new_tokens=params.max_new_tokens,
-                    constraint=params.constraint,
+                req.guide = future.result().new_guide(
+                    max_new_tokens=params.max_new_tokens, constraint=params.constraint
                 )
             except Exception as exc:
                 self._finish(

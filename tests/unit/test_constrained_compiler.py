@@ -32,7 +32,7 @@ from tests.unit.test_constrained_support import shared_compiler, smollm2_tokeniz
         ("json_schema", {"not": {"type": "string"}}, "not supported"),
         ("json_schema", {"type": "string", "format": "hostname"}, "not supported.*hostname"),
         ("json_schema", {"type": "string", "pattern": "(?<=x)y"}, "json_schema pattern.*lookahead"),
-        ("grammar", "x", "must be 'regex' or 'json_schema'"),
+        ("grammar", "x", "must be 'regex', 'json_schema' or 'ebnf'"),
     ],
 )
 def test_invalid_patterns_raise_grammar_error_naming_the_problem(kind, pattern, message) -> None:

@@ -1,9 +1,10 @@
-"""Regex / JSON Schema → compiled automaton index, cached and built off the caller's thread.
+"""Regex / JSON Schema / EBNF → compiled grammar, cached and built off the caller's thread.
 
-`GrammarCompiler.validate` is the fast synchronous check done at submission; `submit` builds the
-outlines-core `Index` on a worker thread and shares one future per normalized regex among all
-requests. The build (automaton plus budget table, see grammar.py) happens there too; the
-per-request cursor is `guide.Guide`.
+`GrammarCompiler.validate` is the fast synchronous check done at submission: it picks the
+backend (the outlines-core automaton, which alone gives the budget guarantee, or llguidance for
+EBNF/Lark and for schemas the automaton refuses) and the source it compiles. `submit` builds it
+on a worker thread and shares one future per (backend, source) among all requests; the result's
+`new_guide(...)` is the per-request cursor (guide.Guide or llguidance_backend.LLGuide).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from outlines_core import Index
 from sgl_lite.backend.constrained.grammar import DEFAULT_MASK_CACHE_STATES, CompiledGrammar
 from sgl_lite.backend.constrained.regex_check import (
     GrammarError,
+    UnsupportedSchema,
     check_regex,
     digits_to_ascii,
     string_patterns,
@@ -27,7 +29,8 @@ from sgl_lite.backend.constrained.regex_check import (
 from sgl_lite.backend.constrained.schema_regex import schema_to_regex
 from sgl_lite.backend.constrained.vocab import byte_vocabulary, vocabulary_for
 
-GrammarKind = Literal["regex", "json_schema"]
+GrammarKind = Literal["regex", "json_schema", "ebnf"]
+BACKENDS = ("outlines", "llguidance", "auto")
 # NOTE: by default JSON is laid out exactly as `json.dumps` writes it: ", " and ": " between items
 # and nothing else (xgrammar's `any_whitespace=False`). A model cannot loop on whitespace, and
 # keys and separators are forced text that jump-forward appends without sampling. A configured
@@ -38,7 +41,9 @@ class GrammarCompiler:
     """Validates and compiles regexes and JSON Schemas for one tokenizer; caches the results.
 
     One compiler per engine. The cache is an LRU of `cache_size` compiled grammars keyed by
-    the normalized regex (so equal patterns share one grammar whatever their kind or spelling).
+    (backend, normalized source), so equal patterns share one grammar whatever their kind or
+    spelling. `backend` "auto" sends each request to the automaton where it expresses the whole
+    constraint and to llguidance otherwise (EBNF, schemas with keywords the automaton refuses).
     """
 
     def __init__(
@@ -49,27 +54,41 @@ class GrammarCompiler:
         timeout_s: float = 10.0,
         cache_size: int = 64,
         mask_cache_states: int = DEFAULT_MASK_CACHE_STATES,
+        backend: str = "outlines",
     ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"grammar backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+            )
         if timeout_s <= 0 or cache_size < 1:
             raise ValueError(
                 f"need timeout_s > 0 and cache_size >= 1, got {timeout_s}, {cache_size}"
             )
+        self.tokenizer = tokenizer
+        self.backend = backend
         self.vocab = vocabulary_for(tokenizer)
         self.whitespace_pattern = whitespace_pattern
         self.timeout_s = timeout_s
         self.cache_size = cache_size
         self.mask_cache_states = mask_cache_states
-        self._cache: OrderedDict[str, Future[CompiledGrammar]] = OrderedDict()
-        self._validated: OrderedDict[tuple[str, str], str | GrammarError] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], Future[Any]] = OrderedDict()
+        self._validated: OrderedDict[tuple[str, str], tuple[str, str] | GrammarError]
+        self._validated = OrderedDict()
         self._lock = threading.Lock()
 
     # -- validation: synchronous, fast ---------------------------------------------------
 
     def validate(self, kind: str, pattern: str | dict) -> str:
-        """Checks a pattern and returns the regex that will be compiled.
+        """Checks a pattern and returns the source that will be compiled (the regex for the
+        automaton backend, the grammar text for llguidance).
 
-        Raises GrammarError naming the problem (bad regex, bad JSON, bad or unsupported schema).
+        Raises GrammarError naming the problem (bad regex, bad JSON, bad or unsupported schema
+        with the keyword and its path, a grammar that does not parse).
         """
+        return self.plan(kind, pattern)[1]
+
+    def plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
+        """(backend, source) for a pattern; validate() with the backend that will build it."""
         try:
             key = (kind, pattern if isinstance(pattern, str) else _dumps(pattern))
         except (TypeError, ValueError) as exc:
@@ -78,7 +97,7 @@ class GrammarCompiler:
             hit = self._validated.get(key)
         if hit is None:
             try:
-                hit = self._to_regex(kind, pattern)
+                hit = self._plan(kind, pattern)
             except GrammarError as exc:
                 hit = exc
             with self._lock:
@@ -86,8 +105,34 @@ class GrammarCompiler:
                 while len(self._validated) > 4 * self.cache_size:
                     self._validated.popitem(last=False)
         if isinstance(hit, GrammarError):
-            raise GrammarError(str(hit))
+            raise type(hit)(str(hit))
         return hit
+
+    def _plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
+        if kind == "ebnf" and self.backend == "outlines":
+            raise GrammarError("ebnf needs grammar_backend 'llguidance' or 'auto'")
+        if kind == "ebnf" or self.backend == "llguidance":
+            return "llguidance", self._llguidance_source(kind, pattern)
+        try:
+            return "outlines", self._to_regex(kind, pattern)
+        except UnsupportedSchema as exc:
+            if self.backend != "auto":
+                raise
+            try:
+                return "llguidance", self._llguidance_source(kind, pattern)
+            except GrammarError as llg:
+                raise UnsupportedSchema(f"{exc}; llguidance refuses it too: {llg}") from None
+
+    def _llguidance_source(self, kind: str, pattern: str | dict) -> str:
+        from sgl_lite.backend.constrained.llguidance_backend import check_llguidance, to_llguidance
+
+        if kind == "json_schema":
+            pattern = _load_schema(pattern)
+        elif kind == "regex" and not isinstance(pattern, str):
+            raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
+        source = to_llguidance(kind, pattern, whitespace=self.whitespace_pattern)
+        check_llguidance(kind, source, self.tokenizer)
+        return source
 
     def _to_regex(self, kind: str, pattern: str | dict) -> str:
         if kind == "regex":
@@ -97,32 +142,17 @@ class GrammarCompiler:
             return digits_to_ascii(pattern)
         if kind == "json_schema":
             return digits_to_ascii(self._schema_to_regex(pattern))
-        raise GrammarError(f"grammar kind must be 'regex' or 'json_schema', got {kind!r}")
+        raise GrammarError(f"grammar kind must be 'regex', 'json_schema' or 'ebnf', got {kind!r}")
 
     def _schema_to_regex(self, pattern: str | dict) -> str:
-        if isinstance(pattern, str):
-            try:
-                schema = json.loads(pattern)
-            except json.JSONDecodeError as exc:
-                raise GrammarError(f"json_schema is not valid JSON: {exc}") from None
-        else:
-            schema = pattern
-        if not isinstance(schema, dict):
-            raise GrammarError(f"json_schema must be a JSON object, got {type(schema).__name__}")
-        try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
-        except jsonschema.exceptions.SchemaError as exc:
-            where = "/".join(str(p) for p in exc.path) or "the root"
-            raise GrammarError(
-                f"json_schema is not a valid JSON Schema at {where}: {exc.message}"
-            ) from None
+        schema = _load_schema(pattern)
         for regex in string_patterns(schema):
             check_regex(regex, what="json_schema pattern")
         return schema_to_regex(schema, whitespace=self.whitespace_pattern)
 
     # -- compilation: off the caller's thread, cached ------------------------------------
 
-    def submit(self, kind: str, pattern: str | dict) -> Future[CompiledGrammar]:
+    def submit(self, kind: str, pattern: str | dict) -> Future[Any]:
         """A future of the compiled grammar; never blocks on a build and never raises.
 
         Invalid patterns give an already-failed future (call `validate` to fail fast at
@@ -132,35 +162,37 @@ class GrammarCompiler:
         its late result (success or failure) replaces the cache entry.
         """
         try:
-            regex = self.validate(kind, pattern)
+            key = self.plan(kind, pattern)
         except GrammarError as exc:
-            failed: Future[CompiledGrammar] = Future()
+            failed: Future[Any] = Future()
             failed.set_exception(exc)
             return failed
         with self._lock:
-            hit = self._cache.get(regex)
+            hit = self._cache.get(key)
             if hit is not None:
-                self._cache.move_to_end(regex)
+                self._cache.move_to_end(key)
                 return hit
-            future: Future[CompiledGrammar] = Future()
+            future: Future[Any] = Future()
             future.set_running_or_notify_cancel()  # NOTE: shared, so no caller can cancel it
-            self._put(regex, future)
+            self._put(key, future)
         timer = threading.Timer(self.timeout_s, self._expire, args=(kind, future))
         timer.daemon = True
         worker = threading.Thread(
-            target=self._build, args=(regex, future, timer), name="grammar-compile", daemon=True
+            target=self._build, args=(key, future, timer), name="grammar-compile", daemon=True
         )
         timer.start()
         worker.start()
         return future
 
-    def compile(self, kind: str, pattern: str | dict) -> CompiledGrammar:
-        """Blocking `submit(...).result()`: same cache, same timeout; raises GrammarError."""
+    def compile(self, kind: str, pattern: str | dict) -> Any:
+        """Blocking `submit(...).result()`: same cache, same timeout; raises GrammarError.
+
+        The result is a CompiledGrammar (automaton) or an LLGrammar (llguidance)."""
         return self.submit(kind, pattern).result()
 
-    def _build(self, regex: str, future: Future[CompiledGrammar], timer: threading.Timer) -> None:
+    def _build(self, key: tuple[str, str], future: Future[Any], timer: threading.Timer) -> None:
         try:
-            outcome: CompiledGrammar | GrammarError = self._build_grammar(regex)
+            outcome: Any = self._build_grammar(*key)
         except GrammarError as exc:
             outcome = exc
         except Exception as exc:
@@ -169,10 +201,10 @@ class GrammarCompiler:
         with self._lock:
             if not future.done():
                 target = future
-            elif self._cache.get(regex) is future:  # timed out earlier: keep the late result
+            elif self._cache.get(key) is future:  # timed out earlier: keep the late result
                 target = Future()
                 target.set_running_or_notify_cancel()
-                self._put(regex, target)
+                self._put(key, target)
             else:
                 return
             if isinstance(outcome, GrammarError):
@@ -180,7 +212,11 @@ class GrammarCompiler:
             else:
                 target.set_result(outcome)
 
-    def _build_grammar(self, regex: str) -> CompiledGrammar:
+    def _build_grammar(self, backend: str, regex: str) -> Any:
+        if backend == "llguidance":
+            from sgl_lite.backend.constrained.llguidance_backend import LLGrammar
+
+            return LLGrammar(regex, self.tokenizer, self.vocab.size, self.vocab.eos_token_id)
         index = Index(regex, self.vocab.index_vocab)
         byte_index = Index(regex, byte_vocabulary())
         grammar = CompiledGrammar(
@@ -191,7 +227,7 @@ class GrammarCompiler:
             raise GrammarError("the pattern matches no text this tokenizer can produce")
         return grammar
 
-    def _expire(self, kind: str, future: Future[CompiledGrammar]) -> None:
+    def _expire(self, kind: str, future: Future[Any]) -> None:
         with self._lock:
             if not future.done():
                 future.set_exception(
@@ -201,11 +237,32 @@ class GrammarCompiler:
                     )
                 )
 
-    def _put(self, regex: str, future: Future[CompiledGrammar]) -> None:
-        self._cache[regex] = future
+    def _put(self, key: tuple[str, str], future: Future[Any]) -> None:
+        self._cache[key] = future
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
 
 def _dumps(schema: Any) -> str:
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+
+
+def _load_schema(pattern: str | dict) -> dict:
+    """The schema as a dict, checked against its metaschema; GrammarError naming the problem."""
+    if isinstance(pattern, str):
+        try:
+            schema = json.loads(pattern)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"json_schema is not valid JSON: {exc}") from None
+    else:
+        schema = pattern
+    if not isinstance(schema, dict):
+        raise GrammarError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "the root"
+        raise GrammarError(
+            f"json_schema is not a valid JSON Schema at {where}: {exc.message}"
+        ) from None
+    return schema

@@ -51,6 +51,14 @@ class CompiledGrammar:
         self._num_allowed: dict[int, int] = {}  # state → allowed tokens other than eos
         self._lock = threading.Lock()
 
+    backend = "outlines"
+
+    def new_guide(self, *, max_new_tokens: int | None = None, constraint=None):
+        """A budget-aware cursor for one request (see guide.Guide; raises BudgetError)."""
+        from sgl_lite.backend.constrained.guide import Guide
+
+        return Guide(self, max_new_tokens=max_new_tokens, constraint=constraint)
+
     @property
     def min_tokens(self) -> int:
         """Tokens in the shortest output this grammar accepts (from the initial state)."""

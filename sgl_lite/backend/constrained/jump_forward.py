@@ -61,6 +61,12 @@ def plan_jump_forward(tokenizer: Any, guide: Guide, output_ids: list[int]) -> Ju
         raise ValueError(
             f"guide has advanced {guide.num_advanced} tokens but output_ids has {len(output_ids)}"
         )
+    if not isinstance(guide, Guide):  # a grammar backend: its own forced tokens, appended
+        ids = guide.forced_tokens()
+        if not ids:
+            return None
+        text = tokenizer.decode(ids)
+        return JumpForward(keep=len(output_ids), new_ids=ids, forced_text=text)
     grammar = guide.grammar
     forced = forced_bytes(grammar, guide.state)
     if not forced:
@@ -110,6 +116,10 @@ def apply_jump_forward(guide: Guide, jf: JumpForward) -> bool:
         raise ValueError(
             f"jump-forward keeps {jf.keep} tokens but the guide has {guide.num_advanced}"
         )
+    if not isinstance(guide, Guide):
+        for token_id in jf.new_ids:
+            guide.advance(token_id)
+        return True
     if not guide.fits_after(jf.keep, jf.new_ids):
         return False
     guide.rollback(guide.num_advanced - jf.keep)

@@ -15,6 +15,10 @@ class GrammarError(ValueError):
     """A regex, JSON Schema or budget that is invalid, unsupported, or too slow to compile."""
 
 
+class UnsupportedSchema(GrammarError):
+    """A valid JSON Schema the automaton backend cannot enforce exactly (a grammar backend may)."""
+
+
 def string_patterns(node: Any) -> list[str]:
     """Every `pattern` keyword with a string value in a schema (property names excluded)."""
     found: list[str] = []

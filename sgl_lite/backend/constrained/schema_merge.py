@@ -9,7 +9,7 @@ import json
 from typing import Any
 from urllib.parse import unquote
 
-from sgl_lite.backend.constrained.regex_check import GrammarError
+from sgl_lite.backend.constrained.regex_check import GrammarError, UnsupportedSchema
 
 Schema = dict[str, Any] | bool
 ALL_TYPES = frozenset({"null", "boolean", "integer", "number", "string", "array", "object"})
@@ -77,9 +77,11 @@ TYPE_HINTS = {
 }
 
 
-def unsupported(keyword: str, path: str, why: str) -> GrammarError:
+def unsupported(keyword: str, path: str, why: str) -> UnsupportedSchema:
     """The refusal every unsupported keyword gets: its name, its path, and why."""
-    return GrammarError(f"json_schema keyword '{keyword}' at {path or '/'} is not supported: {why}")
+    return UnsupportedSchema(
+        f"json_schema keyword '{keyword}' at {path or '/'} is not supported: {why}"
+    )
 
 
 def resolve_ref(root: Any, ref: str, path: str) -> tuple[Schema, str]:

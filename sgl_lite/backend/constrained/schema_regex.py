@@ -23,7 +23,7 @@ from sgl_lite.backend.constrained.numbers import (
     int_range_pattern,
     number_range_pattern,
 )
-from sgl_lite.backend.constrained.regex_check import GrammarError, check_regex
+from sgl_lite.backend.constrained.regex_check import GrammarError, UnsupportedSchema, check_regex
 from sgl_lite.backend.constrained.schema_merge import (
     ANNOTATIONS,
     REFUSED,
@@ -74,7 +74,7 @@ class SchemaRegex:
         """The regex for the whole schema; GrammarError if it admits no value here."""
         regex = self.node(self.root, "", ())
         if regex is None:
-            raise GrammarError(
+            raise UnsupportedSchema(
                 "json_schema admits no value the regex backend can produce (an empty range or "
                 f"enum, a false sub-schema, or recursion deeper than {MAX_REF_DEPTH})"
             )
