@@ -10,6 +10,7 @@ fast-forward, appended without retokenizing. Nothing here knows about the engine
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -48,7 +49,8 @@ def to_llguidance(kind: str, pattern: Any, *, whitespace: str | None = None) -> 
         options = dict(_JSON_OPTIONS)
         if whitespace is not None:
             options = {"whitespace_flexible": True, "whitespace_pattern": whitespace}
-        return LLMatcher.grammar_from_json_schema(pattern, defaults=options)
+        schema = json.loads(pattern) if isinstance(pattern, str) else pattern
+        return LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=options)
     if kind == "ebnf":
         if not isinstance(pattern, str):
             raise GrammarError(f"ebnf must be a string, got {type(pattern).__name__}")
@@ -57,6 +59,31 @@ def to_llguidance(kind: str, pattern: Any, *, whitespace: str | None = None) -> 
         except Exception as exc:
             raise GrammarError(f"ebnf grammar does not parse: {exc}") from None
     raise GrammarError(f"grammar kind must be 'regex', 'json_schema' or 'ebnf', got {kind!r}")
+
+
+def closed_objects(schema: Any) -> Any:
+    """The schema with `additionalProperties: false` wherever properties are listed and nothing
+    else is said: the same valid subset the automaton writes, so a model cannot run on with
+    invented keys. Left as is when the schema uses allOf, where closing one part would reject
+    the properties of another."""
+    if "allOf" in json.dumps(schema):
+        return schema
+
+    def close(node: Any) -> Any:
+        if isinstance(node, list):
+            return [close(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {
+            k: close(v) if k not in ("enum", "const", "default", "examples") else v
+            for k, v in node.items()
+        }
+        open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+        if isinstance(node.get("properties"), dict) and not any(k in node for k in open_keys):
+            out["additionalProperties"] = False
+        return out
+
+    return close(schema)
 
 
 def check_llguidance(kind: str, grammar: str, tokenizer: Any) -> None:
