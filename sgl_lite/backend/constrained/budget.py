@@ -63,21 +63,14 @@ def shortest_completions(
 
 
 class StateEdges(NamedTuple):
-    """One state's token transitions: token ids and the distance of the state each leads to."""
+    """One state's token transitions: token ids, the distance of the state each leads to, and
+    the smallest and largest finite of those distances (above `max_dist` the budget restricts
+    nothing; `min_dist` is UNREACHABLE when no token leads anywhere)."""
 
     tokens: torch.Tensor  # (E,) long
     next_dist: torch.Tensor  # (E,) long; UNREACHABLE where no accepting state follows
-
-    @property
-    def max_dist(self) -> int:
-        """The largest finite distance after one token (above it the budget restricts nothing)."""
-        finite = self.next_dist[self.next_dist < UNREACHABLE]
-        return int(finite.max()) if finite.numel() else -1
-
-    @property
-    def min_dist(self) -> int:
-        """The smallest distance after one token (UNREACHABLE when no token leads anywhere)."""
-        return int(self.next_dist.min()) if self.next_dist.numel() else UNREACHABLE
+    min_dist: int
+    max_dist: int
 
 
 class BudgetTable:
@@ -176,6 +169,10 @@ class BudgetTable:
 
     def _make_edges(self, tokens: list[int], nxt: list[int | None]) -> StateEdges:
         dist = [UNREACHABLE if n is None else self._dist.get(n, UNREACHABLE) for n in nxt]
+        finite = [d for d in dist if d < UNREACHABLE]
         return StateEdges(
-            torch.tensor(tokens, dtype=torch.long), torch.tensor(dist, dtype=torch.long)
+            torch.tensor(tokens, dtype=torch.long),
+            torch.tensor(dist, dtype=torch.long),
+            min(dist, default=UNREACHABLE),
+            max(finite, default=-1),
         )
