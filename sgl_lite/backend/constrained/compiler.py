@@ -31,6 +31,7 @@ from sgl_lite.backend.constrained.vocab import byte_vocabulary, vocabulary_for
 
 GrammarKind = Literal["regex", "json_schema", "ebnf"]
 BACKENDS = ("outlines", "llguidance", "auto")
+AUTO_MAX_REGEX = 4000  # "auto": longer schema regexes go to llguidance when it accepts them
 # NOTE: by default JSON is laid out exactly as `json.dumps` writes it: ", " and ": " between items
 # and nothing else (xgrammar's `any_whitespace=False`). A model cannot loop on whitespace, and
 # keys and separators are forced text that jump-forward appends without sampling. A configured
@@ -114,7 +115,7 @@ class GrammarCompiler:
         if kind == "ebnf" or self.backend == "llguidance":
             return "llguidance", self._llguidance_source(kind, pattern)
         try:
-            return "outlines", self._to_regex(kind, pattern)
+            regex = self._to_regex(kind, pattern)
         except UnsupportedSchema as exc:
             if self.backend != "auto":
                 raise
@@ -122,6 +123,14 @@ class GrammarCompiler:
                 return "llguidance", self._llguidance_source(kind, pattern)
             except GrammarError as llg:
                 raise UnsupportedSchema(f"{exc}; llguidance refuses it too: {llg}") from None
+        if self.backend == "auto" and kind == "json_schema" and len(regex) > AUTO_MAX_REGEX:
+            # NOTE: indexing such a regex takes seconds to minutes (SchemaStore: most time
+            # out at 10 s); llguidance builds the same schema in milliseconds.
+            try:
+                return "llguidance", self._llguidance_source(kind, pattern)
+            except GrammarError:
+                pass  # the automaton may still make it within the timeout
+        return "outlines", regex
 
     def _llguidance_source(self, kind: str, pattern: str | dict) -> str:
         from sgl_lite.backend.constrained.llguidance_backend import check_llguidance, to_llguidance

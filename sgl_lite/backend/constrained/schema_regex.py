@@ -36,6 +36,7 @@ from sgl_lite.backend.constrained.schema_merge import (
 )
 
 MAX_REF_DEPTH = 3  # how many times one $ref may recurse into itself on a path
+MAX_REGEX_CHARS = 100_000  # larger regexes take minutes to index: refused instead
 # NOTE: a value the schema leaves free is written as a JSON scalar (a valid subset): nested any-
 # values multiply the automaton (depth 1 alone takes ~1.5 s to index on SmolLM2's vocabulary).
 ANY_VALUE_DEPTH = 0
@@ -84,6 +85,18 @@ class SchemaRegex:
 
     def node(self, schema: Any, path: str, refs: tuple[str, ...]) -> str | None:
         """Regex for `schema` at `path` (None: no value); `refs` is the $ref chain above it."""
+        regex = self._node(schema, path, refs)
+        if regex is not None and len(regex) > MAX_REGEX_CHARS:
+            # NOTE: bottom-up, so this stops the growth (recursive $refs expand exponentially)
+            # long before memory runs out.
+            raise UnsupportedSchema(
+                f"json_schema at {path or '/'} expands to a regex over {MAX_REGEX_CHARS} "
+                "characters (recursive $refs or many optional properties); the llguidance "
+                "grammar backend compiles it without expansion"
+            )
+        return regex
+
+    def _node(self, schema: Any, path: str, refs: tuple[str, ...]) -> str | None:
         if schema is True:
             return self.any_value(ANY_VALUE_DEPTH)
         if schema is False:
