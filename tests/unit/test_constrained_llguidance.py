@@ -191,5 +191,8 @@ def test_auto_uses_the_automaton_where_it_is_exact_and_llguidance_otherwise() ->
     assert auto.plan("ebnf", ARITHMETIC)[0] == "llguidance"
     with pytest.raises(GrammarError, match="keyword 'not'.*llguidance refuses it too"):
         auto.validate("json_schema", {"not": {"type": "string"}})
+    assert re.fullmatch(auto.regex_for("json_schema", ENFORCED["int_range"]), "4")
+    with pytest.raises(GrammarError, match="multipleOf"):
+        auto.regex_for("json_schema", {"type": "integer", "multipleOf": 3})
     text = decode(auto.compile("json_schema", {"type": "integer", "multipleOf": 3}), seed=1)
     assert int(text) % 3 == 0

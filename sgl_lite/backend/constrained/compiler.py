@@ -88,6 +88,13 @@ class GrammarCompiler:
         """
         return self.plan(kind, pattern)[1]
 
+    def regex_for(self, kind: str, pattern: str | dict) -> str:
+        """The automaton's regex for a regex or JSON Schema whatever the backend (for callers
+        that embed it in a larger regex, e.g. tool calls); GrammarError if it cannot be one."""
+        if self.backend == "outlines":
+            return self.validate(kind, pattern)
+        return self._to_regex(kind, pattern)
+
     def plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
         """(backend, source) for a pattern; validate() with the backend that will build it."""
         try:
