@@ -15,7 +15,7 @@ import torch
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SCHEDULE_POLICIES = ("lpm", "fcfs")
-GRAMMAR_BACKENDS = ("outlines",)  # llguidance: not built yet (see the issue notes)
+GRAMMAR_BACKENDS = ("outlines", "llguidance", "auto")  # see constrained/compiler.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 

@@ -49,6 +49,7 @@ class IncrementalDetokenizer:
         self._history: deque[tuple[int, int, int]] = deque(maxlen=_HISTORY)
         self._final_len = 0  # chars of final text so far
         self._unsent: list[str] = []  # final text not yet taken
+        self._final: list[str] = []  # all final text, for the constraint check at finish
         self._pending = ""
         self._skip = 0  # chars of re-decoded text that are already final (after a rewind)
 
@@ -106,6 +107,13 @@ class IncrementalDetokenizer:
         return text
 
     @property
+    def text(self) -> str:
+        """All final text so far (the whole output once the request finished)."""
+        if len(self._final) > 1:
+            self._final[:] = ["".join(self._final)]
+        return self._final[0] if self._final else ""
+
+    @property
     def _decoded_len(self) -> int:
         """Chars of text the read tokens decode to (what is still to be skipped is not)."""
         return self._final_len + len(self._pending) - self._skip
@@ -124,6 +132,7 @@ class IncrementalDetokenizer:
     def _release(self, n: int) -> None:
         if n > 0:
             self._unsent.append(self._pending[:n])
+            self._final.append(self._pending[:n])
             self._final_len += n
             self._pending = self._pending[n:]
 

@@ -28,6 +28,7 @@ import torch
 
 from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.detokenizer import IncrementalDetokenizer
 from sgl_lite.backend.errors import EngineError, InvalidRequest
 from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.model_runner import ForwardOutput, Segment
@@ -310,10 +311,11 @@ class Engine:
             if future is None or req.guide is not None or not future.done():
                 continue
             try:
-                from sgl_lite.backend.constrained import Guide
-
-                req.guide = Guide(future.result())
-            except Exception as exc:  # failed to compile or timed out: the pattern's fault
+                params = req.sampling_params  # budget + constraint: see constrained/guide.py
+                req.guide = future.result().new_guide(
+                    max_new_tokens=params.max_new_tokens, constraint=params.constraint
+                )
+            except Exception as exc:  # failed to compile, timed out or budget too small
                 kind = (req.sampling_params.constraint or ("regex", ""))[0]
                 error = InvalidRequest(kind, str(exc))
                 self._abort(req, FinishReason.abort(str(exc), error))
@@ -342,6 +344,14 @@ class Engine:
         self.outputs.detokenizer(req).finish(req.output_ids, None)
         self._publish(req)
 
+    @staticmethod
+    def _constraint_meta(req: Req, detok: IncrementalDetokenizer) -> dict[str, Any] | None:
+        """A finished constrained output checked against its constraint, once, at the end."""
+        reason = req.finish_reason
+        if req.guide is None or reason is None or reason.type == "abort":
+            return None
+        return req.guide.meta_info(detok.text)
+
     def _publish(self, req: Req) -> None:
         """Hands the request's progress since its last output to its sink."""
         now = time.perf_counter()
@@ -362,6 +372,7 @@ class Engine:
             e2e_latency=(req.finished_at or now) - req.created_at,
             finish_reason=req.finish_reason,
             logprobs=None if req.logprobs is None else req.logprobs.take(),
+            constraint=self._constraint_meta(req, detok),
         )
         final = req.finish_reason is not None
         sink = self._sinks.pop(req.rid, None) if final else self._sinks.get(req.rid)

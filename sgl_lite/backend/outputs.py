@@ -89,6 +89,8 @@ class ReqOutput:
     e2e_latency: float
     finish_reason: FinishReason | None = None
     logprobs: LogprobDelta | None = None  # None: the request asked for no logprobs
+    # budget_closed / constraint_violation of a finished constrained request (constrained/guide.py)
+    constraint: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -158,6 +160,8 @@ class ResultBuilder:
             "e2e_latency": out.e2e_latency,
             "forced_tokens": out.forced_tokens,
         }
+        if out.constraint is not None:
+            meta |= out.constraint
         if self.logprobs is not None:
             meta |= {k: list(v) for k, v in self.logprobs.items()}
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}

@@ -57,6 +57,7 @@ class RequestBuilder:
                 self.tokenizer,
                 whitespace_pattern=self.config.constrained_json_whitespace_pattern,
                 timeout_s=self.config.grammar_compile_timeout,
+                backend=self.config.grammar_backend,
             )
         return self._compiler
 

@@ -32,7 +32,7 @@ from tests.unit.test_constrained_support import shared_compiler, smollm2_tokeniz
         ("json_schema", {"not": {"type": "string"}}, "not supported"),
         ("json_schema", {"type": "string", "format": "hostname"}, "not supported.*hostname"),
         ("json_schema", {"type": "string", "pattern": "(?<=x)y"}, "json_schema pattern.*lookahead"),
-        ("grammar", "x", "must be 'regex' or 'json_schema'"),
+        ("grammar", "x", "must be 'regex', 'json_schema' or 'ebnf'"),
     ],
 )
 def test_invalid_patterns_raise_grammar_error_naming_the_problem(kind, pattern, message) -> None:
@@ -84,9 +84,10 @@ def test_equal_patterns_share_one_compiled_grammar() -> None:
     assert grammar is a.result() and grammar.vocab_size == 49152
 
 
-def test_dtype_regexes_match_sglang() -> None:
-    assert dtype_to_regex(int) == dtype_to_regex("int") == r"[-+]?[0-9]+"
-    assert dtype_to_regex(float) == r"[-+]?[0-9]*\.?[0-9]+"
+def test_dtype_regexes_match_sglang_with_bounded_digits() -> None:
+    assert dtype_to_regex(int) == dtype_to_regex("int") == r"[-+]?[0-9]{1,19}"
+    for text in ("3.25", "-.5", "+7", "12"):  # SGLang's float forms, still accepted
+        assert re.fullmatch(dtype_to_regex(float), text)
     assert dtype_to_regex("bool") == r"(True|False)"
     assert dtype_to_regex(str) == r"\"[\w\d\s]*\""
     with pytest.raises(ValueError, match="dtype must be one of"):

@@ -54,17 +54,28 @@ class Decoded(NamedTuple):
     sampling_steps: int
 
 
-def decode_without_model(grammar: CompiledGrammar, *, seed: int, jump_forward: bool) -> Decoded:
-    """A model-free decode loop: seeded random logits, masked by the guide, argmax-sampled."""
+def decode_without_model(
+    grammar: CompiledGrammar,
+    *,
+    seed: int,
+    jump_forward: bool,
+    max_new_tokens: int | None = None,
+    bias: bool = True,
+) -> Decoded:
+    """A model-free decode loop: seeded random logits, masked by the guide, argmax-sampled.
+
+    With `max_new_tokens` the guide is budgeted; `bias=False` drops the closing bias (random
+    logits then wander in free strings until the budget closes them).
+    """
     tokenizer = smollm2_tokenizer()
-    bias = _closing_bias()
+    bias_row = _closing_bias() if bias else torch.zeros(grammar.vocab_size)
     gen = torch.Generator().manual_seed(seed)
-    guide = Guide(grammar)
+    guide = Guide(grammar, max_new_tokens=max_new_tokens)
     out: list[int] = []
     steps = 0
     while not guide.is_finished():
         assert steps < MAX_STEPS, f"no end after {MAX_STEPS} steps: {out}"
-        logits = torch.randn(grammar.vocab_size, generator=gen) + bias  # (V,)
+        logits = torch.randn(grammar.vocab_size, generator=gen) + bias_row  # (V,)
         logits.masked_fill_(~guide.allowed_mask(), float("-inf"))
         token_id = int(logits.argmax())
         steps += 1

@@ -37,7 +37,7 @@ NOTE = {"type": "function", "function": {"name": "note-it", "parameters": {"type
 class _Compiler:
     """Stands in for the engine's grammar compiler: the regex of ADD's parameters."""
 
-    def validate(self, kind, schema):
+    def regex_for(self, kind, schema):
         assert kind == "json_schema" and schema == ADD["function"]["parameters"]
         return r'\{"a": -?[0-9]+, "b": -?[0-9]+\}'
 
@@ -121,7 +121,7 @@ def test_an_object_schema_with_other_keywords_goes_to_the_engine():
     seen = []
 
     class Recording:
-        def validate(self, kind, pattern):
+        def regex_for(self, kind, pattern):
             seen.append(pattern)
             return r"\{\}"
 

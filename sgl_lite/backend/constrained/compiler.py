@@ -1,129 +1,49 @@
-"""Regex / JSON Schema → compiled automaton index, cached and built off the caller's thread.
+"""Regex / JSON Schema / EBNF → compiled grammar, cached and built off the caller's thread.
 
-`GrammarCompiler.validate` is the fast synchronous check done at submission; `submit` builds the
-outlines-core `Index` on a worker thread and shares one future per normalized regex among all
-requests. A `CompiledGrammar` is immutable apart from its memo caches (per-state masks, forced
-bytes) and knows nothing about requests; the per-request cursor is `guide.Guide`.
+`GrammarCompiler.validate` is the fast synchronous check done at submission: it picks the
+backend (the outlines-core automaton, which alone gives the budget guarantee, or llguidance for
+EBNF/Lark and for schemas the automaton refuses) and the source it compiles. `submit` builds it
+on a worker thread and shares one future per (backend, source) among all requests; the result's
+`new_guide(...)` is the per-request cursor (guide.Guide or llguidance_backend.LLGuide).
 """
 
 from __future__ import annotations
 
 import json
-import re
-import re._constants as sre_constants
-import re._parser as sre_parse
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any, Literal
 
 import jsonschema
-import torch
 from outlines_core import Index
-from outlines_core.json_schema import build_regex_from_schema
 
-from sgl_lite.backend.constrained.vocab import TokenVocabulary, byte_vocabulary, vocabulary_for
+from sgl_lite.backend.constrained.grammar import DEFAULT_MASK_CACHE_STATES, CompiledGrammar
+from sgl_lite.backend.constrained.regex_check import (
+    GrammarError,
+    UnsupportedSchema,
+    check_regex,
+    digits_to_ascii,
+)
+from sgl_lite.backend.constrained.schema_regex import schema_to_regex
+from sgl_lite.backend.constrained.vocab import byte_vocabulary, vocabulary_for
 
-GrammarKind = Literal["regex", "json_schema"]
-
+GrammarKind = Literal["regex", "json_schema", "ebnf"]
+BACKENDS = ("outlines", "llguidance", "auto")
+AUTO_MAX_REGEX = 4000  # "auto": longer schema regexes go to llguidance when it accepts them
 # NOTE: by default JSON is laid out exactly as `json.dumps` writes it: ", " and ": " between items
 # and nothing else (xgrammar's `any_whitespace=False`). A model cannot loop on whitespace, and
 # keys and separators are forced text that jump-forward appends without sampling. A configured
 # whitespace pattern replaces this with that pattern at every position JSON allows whitespace.
-_WS_SENTINEL = "@@sgl_lite_ws@@"
-DEFAULT_MASK_CACHE_STATES = 512
-
-
-def with_standard_separators(regex: str) -> str:
-    """Fills the whitespace slots of a schema regex built with the sentinel pattern: one space
-    after a separating ':' or ',', none anywhere else."""
-    regex = regex.replace(":" + _WS_SENTINEL, ": ").replace("," + _WS_SENTINEL, ", ")
-    return regex.replace(_WS_SENTINEL, "")
-
-
-class GrammarError(ValueError):
-    """A regex or JSON Schema that is invalid, unsupported, or too slow to compile."""
-
-
-class CompiledGrammar:
-    """A compiled regex over one tokenizer's vocabulary, shared by every request using it.
-
-    `index` is the token-level outlines-core Index; `byte_index` is the same regex over the
-    256 single bytes (for jump-forward). Both use the regex DFA's own state ids, so a state of
-    `index` is the same state in `byte_index` (checked in tests/unit/test_constrained_guide.py).
-    """
-
-    def __init__(
-        self,
-        regex: str,
-        index: Index,
-        byte_index: Index,
-        vocab: TokenVocabulary,
-        *,
-        mask_cache_states: int = DEFAULT_MASK_CACHE_STATES,
-    ) -> None:
-        self.regex = regex
-        self.index = index
-        self.byte_index = byte_index
-        self.vocab = vocab
-        self.eos_token_id = vocab.eos_token_id
-        self.vocab_size = vocab.size
-        self.initial_state: int = index.get_initial_state()
-        self.forced: dict[int, bytes] = {}  # state → forced continuation, see jump_forward
-        self._mask_cache_states = mask_cache_states
-        self._masks: OrderedDict[int, torch.Tensor] = OrderedDict()
-        self._num_allowed: dict[int, int] = {}  # state → allowed tokens other than eos
-        self._lock = threading.Lock()
-
-    def mask(self, state: int) -> torch.Tensor:
-        """Allowed tokens in `state` as a (vocab_size,) bool tensor; eos only where accepting.
-
-        Cached per state (LRU); callers must not write into it.
-        """
-        with self._lock:
-            hit = self._masks.get(state)
-            if hit is not None:
-                self._masks.move_to_end(state)
-                return hit
-        allowed = self.index.get_allowed_tokens(state) or []
-        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
-        if allowed:
-            mask[torch.tensor(allowed, dtype=torch.long)] = True
-        with self._lock:
-            self._num_allowed[state] = len(allowed) - int(self.eos_token_id in allowed)
-            self._masks[state] = mask
-            while len(self._masks) > self._mask_cache_states:
-                self._masks.popitem(last=False)
-        return mask
-
-    def num_allowed(self, state: int) -> int:
-        """How many tokens other than eos are allowed in `state`."""
-        n = self._num_allowed.get(state)
-        if n is None:
-            self.mask(state)
-            n = self._num_allowed[state]
-        return n
-
-    def next_state(self, state: int, token_id: int) -> int | None:
-        """The state after `token_id`, or None if the token is not allowed (eos included)."""
-        if token_id == self.eos_token_id:
-            return None
-        return self.index.get_next_state(state, token_id)
-
-    def is_accepting(self, state: int) -> bool:
-        """Whether the text so far is a full match (eos is allowed)."""
-        return bool(self.index.is_final_state(state))
-
-    def is_finished(self, state: int) -> bool:
-        """Whether nothing but eos can follow: the request stops without another forward."""
-        return self.num_allowed(state) == 0
 
 
 class GrammarCompiler:
     """Validates and compiles regexes and JSON Schemas for one tokenizer; caches the results.
 
     One compiler per engine. The cache is an LRU of `cache_size` compiled grammars keyed by
-    the normalized regex (so equal patterns share one grammar whatever their kind or spelling).
+    (backend, normalized source), so equal patterns share one grammar whatever their kind or
+    spelling. `backend` "auto" sends each request to the automaton where it expresses the whole
+    constraint and to llguidance otherwise (EBNF, schemas with keywords the automaton refuses).
     """
 
     def __init__(
@@ -134,27 +54,48 @@ class GrammarCompiler:
         timeout_s: float = 10.0,
         cache_size: int = 64,
         mask_cache_states: int = DEFAULT_MASK_CACHE_STATES,
+        backend: str = "outlines",
     ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"grammar backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+            )
         if timeout_s <= 0 or cache_size < 1:
             raise ValueError(
                 f"need timeout_s > 0 and cache_size >= 1, got {timeout_s}, {cache_size}"
             )
+        self.tokenizer = tokenizer
+        self.backend = backend
         self.vocab = vocabulary_for(tokenizer)
         self.whitespace_pattern = whitespace_pattern
         self.timeout_s = timeout_s
         self.cache_size = cache_size
         self.mask_cache_states = mask_cache_states
-        self._cache: OrderedDict[str, Future[CompiledGrammar]] = OrderedDict()
-        self._validated: OrderedDict[tuple[str, str], str | GrammarError] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], Future[Any]] = OrderedDict()
+        self._validated: OrderedDict[tuple[str, str], tuple[str, str] | GrammarError]
+        self._validated = OrderedDict()
         self._lock = threading.Lock()
 
     # -- validation: synchronous, fast ---------------------------------------------------
 
     def validate(self, kind: str, pattern: str | dict) -> str:
-        """Checks a pattern and returns the regex that will be compiled.
+        """Checks a pattern and returns the source that will be compiled (the regex for the
+        automaton backend, the grammar text for llguidance).
 
-        Raises GrammarError naming the problem (bad regex, bad JSON, bad or unsupported schema).
+        Raises GrammarError naming the problem (bad regex, bad JSON, bad or unsupported schema
+        with the keyword and its path, a grammar that does not parse).
         """
+        return self.plan(kind, pattern)[1]
+
+    def regex_for(self, kind: str, pattern: str | dict) -> str:
+        """The automaton's regex for a regex or JSON Schema whatever the backend (for callers
+        that embed it in a larger regex, e.g. tool calls); GrammarError if it cannot be one."""
+        if self.backend == "outlines":
+            return self.validate(kind, pattern)
+        return self._to_regex(kind, pattern)
+
+    def plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
+        """(backend, source) for a pattern; validate() with the backend that will build it."""
         try:
             key = (kind, pattern if isinstance(pattern, str) else _dumps(pattern))
         except (TypeError, ValueError) as exc:
@@ -163,7 +104,7 @@ class GrammarCompiler:
             hit = self._validated.get(key)
         if hit is None:
             try:
-                hit = self._to_regex(kind, pattern)
+                hit = self._plan(kind, pattern)
             except GrammarError as exc:
                 hit = exc
             with self._lock:
@@ -171,8 +112,42 @@ class GrammarCompiler:
                 while len(self._validated) > 4 * self.cache_size:
                     self._validated.popitem(last=False)
         if isinstance(hit, GrammarError):
-            raise GrammarError(str(hit))
+            raise type(hit)(str(hit))
         return hit
+
+    def _plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
+        if kind == "ebnf" and self.backend == "outlines":
+            raise GrammarError("ebnf needs grammar_backend 'llguidance' or 'auto'")
+        if kind == "ebnf" or self.backend == "llguidance":
+            return "llguidance", self._llguidance_source(kind, pattern)
+        try:
+            regex = self._to_regex(kind, pattern)
+        except UnsupportedSchema as exc:
+            if self.backend != "auto":
+                raise
+            try:
+                return "llguidance", self._llguidance_source(kind, pattern)
+            except GrammarError as llg:
+                raise UnsupportedSchema(f"{exc}; llguidance refuses it too: {llg}") from None
+        if self.backend == "auto" and kind == "json_schema" and len(regex) > AUTO_MAX_REGEX:
+            # NOTE: indexing such a regex takes seconds to minutes (SchemaStore: most time
+            # out at 10 s); llguidance builds the same schema in milliseconds.
+            try:
+                return "llguidance", self._llguidance_source(kind, pattern)
+            except GrammarError:
+                pass  # the automaton may still make it within the timeout
+        return "outlines", regex
+
+    def _llguidance_source(self, kind: str, pattern: str | dict) -> str:
+        from sgl_lite.backend.constrained.llguidance_backend import check_llguidance, to_llguidance
+
+        if kind == "json_schema":
+            pattern = _load_schema(pattern)
+        elif kind == "regex" and not isinstance(pattern, str):
+            raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
+        source = to_llguidance(kind, pattern, whitespace=self.whitespace_pattern)
+        check_llguidance(kind, source, self.tokenizer)
+        return source
 
     def _to_regex(self, kind: str, pattern: str | dict) -> str:
         if kind == "regex":
@@ -182,40 +157,15 @@ class GrammarCompiler:
             return digits_to_ascii(pattern)
         if kind == "json_schema":
             return digits_to_ascii(self._schema_to_regex(pattern))
-        raise GrammarError(f"grammar kind must be 'regex' or 'json_schema', got {kind!r}")
+        raise GrammarError(f"grammar kind must be 'regex', 'json_schema' or 'ebnf', got {kind!r}")
 
     def _schema_to_regex(self, pattern: str | dict) -> str:
-        if isinstance(pattern, str):
-            try:
-                schema = json.loads(pattern)
-            except json.JSONDecodeError as exc:
-                raise GrammarError(f"json_schema is not valid JSON: {exc}") from None
-        else:
-            schema = pattern
-        if not isinstance(schema, dict):
-            raise GrammarError(f"json_schema must be a JSON object, got {type(schema).__name__}")
-        try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
-        except jsonschema.exceptions.SchemaError as exc:
-            where = "/".join(str(p) for p in exc.path) or "the root"
-            raise GrammarError(
-                f"json_schema is not a valid JSON Schema at {where}: {exc.message}"
-            ) from None
-        for regex in _string_patterns(schema):
-            check_regex(regex, what="json_schema pattern")
-        text = _dumps(schema)
-        standard = self.whitespace_pattern is None and _WS_SENTINEL not in text
-        try:
-            regex = build_regex_from_schema(
-                text, whitespace_pattern=_WS_SENTINEL if standard else self.whitespace_pattern
-            )
-        except Exception as exc:
-            raise GrammarError(f"json_schema is not supported: {exc}") from None
-        return with_standard_separators(regex) if standard else regex
+        schema = _load_schema(pattern)  # each `pattern` is checked where schema_to_regex uses it
+        return schema_to_regex(schema, whitespace=self.whitespace_pattern)
 
     # -- compilation: off the caller's thread, cached ------------------------------------
 
-    def submit(self, kind: str, pattern: str | dict) -> Future[CompiledGrammar]:
+    def submit(self, kind: str, pattern: str | dict) -> Future[Any]:
         """A future of the compiled grammar; never blocks on a build and never raises.
 
         Invalid patterns give an already-failed future (call `validate` to fail fast at
@@ -225,35 +175,37 @@ class GrammarCompiler:
         its late result (success or failure) replaces the cache entry.
         """
         try:
-            regex = self.validate(kind, pattern)
+            key = self.plan(kind, pattern)
         except GrammarError as exc:
-            failed: Future[CompiledGrammar] = Future()
+            failed: Future[Any] = Future()
             failed.set_exception(exc)
             return failed
         with self._lock:
-            hit = self._cache.get(regex)
+            hit = self._cache.get(key)
             if hit is not None:
-                self._cache.move_to_end(regex)
+                self._cache.move_to_end(key)
                 return hit
-            future: Future[CompiledGrammar] = Future()
+            future: Future[Any] = Future()
             future.set_running_or_notify_cancel()  # NOTE: shared, so no caller can cancel it
-            self._put(regex, future)
+            self._put(key, future)
         timer = threading.Timer(self.timeout_s, self._expire, args=(kind, future))
         timer.daemon = True
         worker = threading.Thread(
-            target=self._build, args=(regex, future, timer), name="grammar-compile", daemon=True
+            target=self._build, args=(key, future, timer), name="grammar-compile", daemon=True
         )
         timer.start()
         worker.start()
         return future
 
-    def compile(self, kind: str, pattern: str | dict) -> CompiledGrammar:
-        """Blocking `submit(...).result()`: same cache, same timeout; raises GrammarError."""
+    def compile(self, kind: str, pattern: str | dict) -> Any:
+        """Blocking `submit(...).result()`: same cache, same timeout; raises GrammarError.
+
+        The result is a CompiledGrammar (automaton) or an LLGrammar (llguidance)."""
         return self.submit(kind, pattern).result()
 
-    def _build(self, regex: str, future: Future[CompiledGrammar], timer: threading.Timer) -> None:
+    def _build(self, key: tuple[str, str], future: Future[Any], timer: threading.Timer) -> None:
         try:
-            outcome: CompiledGrammar | GrammarError = self._build_grammar(regex)
+            outcome: Any = self._build_grammar(*key)
         except GrammarError as exc:
             outcome = exc
         except Exception as exc:
@@ -262,10 +214,10 @@ class GrammarCompiler:
         with self._lock:
             if not future.done():
                 target = future
-            elif self._cache.get(regex) is future:  # timed out earlier: keep the late result
+            elif self._cache.get(key) is future:  # timed out earlier: keep the late result
                 target = Future()
                 target.set_running_or_notify_cancel()
-                self._put(regex, target)
+                self._put(key, target)
             else:
                 return
             if isinstance(outcome, GrammarError):
@@ -273,7 +225,11 @@ class GrammarCompiler:
             else:
                 target.set_result(outcome)
 
-    def _build_grammar(self, regex: str) -> CompiledGrammar:
+    def _build_grammar(self, backend: str, regex: str) -> Any:
+        if backend == "llguidance":
+            from sgl_lite.backend.constrained.llguidance_backend import LLGrammar
+
+            return LLGrammar(regex, self.tokenizer, self.vocab.size, self.vocab.eos_token_id)
         index = Index(regex, self.vocab.index_vocab)
         byte_index = Index(regex, byte_vocabulary())
         grammar = CompiledGrammar(
@@ -284,7 +240,7 @@ class GrammarCompiler:
             raise GrammarError("the pattern matches no text this tokenizer can produce")
         return grammar
 
-    def _expire(self, kind: str, future: Future[CompiledGrammar]) -> None:
+    def _expire(self, kind: str, future: Future[Any]) -> None:
         with self._lock:
             if not future.done():
                 future.set_exception(
@@ -294,8 +250,8 @@ class GrammarCompiler:
                     )
                 )
 
-    def _put(self, regex: str, future: Future[CompiledGrammar]) -> None:
-        self._cache[regex] = future
+    def _put(self, key: tuple[str, str], future: Future[Any]) -> None:
+        self._cache[key] = future
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
@@ -304,80 +260,22 @@ def _dumps(schema: Any) -> str:
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
-def _string_patterns(node: Any) -> list[str]:
-    """Every `pattern` keyword with a string value in a schema (property names excluded)."""
-    found: list[str] = []
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k == "pattern" and isinstance(v, str):
-                found.append(v)
-            else:
-                found.extend(_string_patterns(v))
-    elif isinstance(node, list):
-        for v in node:
-            found.extend(_string_patterns(v))
-    return found
-
-
-_UNSUPPORTED = {
-    sre_constants.GROUPREF: "a backreference",
-    sre_constants.GROUPREF_EXISTS: "a conditional group",
-    sre_constants.ASSERT: "a lookahead/lookbehind",
-    sre_constants.ASSERT_NOT: "a negative lookahead/lookbehind",
-}
-_BOUNDARIES = {sre_constants.AT_BOUNDARY, sre_constants.AT_NON_BOUNDARY}
-
-
-def check_regex(pattern: str, *, what: str) -> None:
-    """Raises GrammarError if `pattern` is not a regex a finite automaton can match."""
+def _load_schema(pattern: str | dict) -> dict:
+    """The schema as a dict, checked against its metaschema; GrammarError naming the problem."""
+    if isinstance(pattern, str):
+        try:
+            schema = json.loads(pattern)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"json_schema is not valid JSON: {exc}") from None
+    else:
+        schema = pattern
+    if not isinstance(schema, dict):
+        raise GrammarError(f"json_schema must be a JSON object, got {type(schema).__name__}")
     try:
-        parsed = sre_parse.parse(pattern)
-    except re.error as exc:
-        raise GrammarError(f"invalid {what} {pattern!r}: {exc}") from None
-    stack: list[Any] = [parsed]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, sre_parse.SubPattern):
-            stack.extend(node.data)
-        elif isinstance(node, (list, tuple)):
-            if len(node) == 2 and node[0] in _UNSUPPORTED:
-                raise GrammarError(
-                    f"invalid {what} {pattern!r}: {_UNSUPPORTED[node[0]]} cannot be compiled "
-                    "to a finite automaton"
-                )
-            if len(node) == 2 and node[0] == sre_constants.AT and node[1] in _BOUNDARIES:
-                raise GrammarError(f"invalid {what} {pattern!r}: word boundaries are not supported")
-            stack.extend(x for x in node if isinstance(x, (list, tuple, sre_parse.SubPattern)))
-
-
-def digits_to_ascii(regex: str) -> str:
-    r"""Rewrites `\d` as ASCII digits (outlines-core's `\d` is Unicode and bloats the automaton)."""
-    out: list[str] = []
-    in_class = False
-    i = 0
-    while i < len(regex):
-        c = regex[i]
-        if c == "\\" and i + 1 < len(regex):
-            nxt = regex[i + 1]
-            if nxt == "d":
-                out.append("0-9" if in_class else "[0-9]")
-            else:
-                out.append(c + nxt)
-            i += 2
-            continue
-        if c == "[" and not in_class:
-            in_class = True
-            out.append(c)
-            if regex[i + 1 : i + 2] == "^":
-                out.append("^")
-                i += 1
-            if regex[i + 1 : i + 2] == "]":  # a literal ] first in a class
-                out.append("]")
-                i += 1
-        elif c == "]" and in_class:
-            in_class = False
-            out.append(c)
-        else:
-            out.append(c)
-        i += 1
-    return "".join(out)
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "the root"
+        raise GrammarError(
+            f"json_schema is not a valid JSON Schema at {where}: {exc.message}"
+        ) from None
+    return schema

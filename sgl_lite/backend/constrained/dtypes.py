@@ -1,9 +1,13 @@
-"""Regexes for `dtype=` constraints (int, float, bool, str), as SGLang defines them."""
+"""Regexes for `dtype=` constraints (int, float, bool, str): SGLang's, with bounded digits."""
 
 from __future__ import annotations
 
-REGEX_INT = r"[-+]?[0-9]+"
-REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+"
+from sgl_lite.backend.constrained.numbers import DTYPE_FLOAT_PATTERN, DTYPE_INT_PATTERN
+
+# NOTE: bounded (at most 19 integer digits, see numbers.py); SGLang's are [-+]?[0-9]+ and
+# [-+]?[0-9]*\.?[0-9]+, which let a model write digits until max_new_tokens.
+REGEX_INT = DTYPE_INT_PATTERN
+REGEX_FLOAT = DTYPE_FLOAT_PATTERN
 REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
 

@@ -1,14 +1,24 @@
-"""The per-request cursor over a shared CompiledGrammar: mask, advance, rollback.
+"""The per-request cursor over a shared CompiledGrammar: mask, advance, rollback, validate.
 
-A Guide holds only a state id and the history of states it came through; everything heavy
-(the index, the per-state masks) lives on the grammar and is shared across requests.
+A Guide holds a state id, the history of states it came through and the request's token
+budget; everything heavy (the index, the per-state masks, the distance table) lives on the
+grammar and is shared across requests. The Guide counts the tokens it is advanced by (sampled
+and jump-forward alike), so the engine only has to pass `max_new_tokens` once.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from sgl_lite.backend.constrained.compiler import CompiledGrammar, GrammarError
+from sgl_lite.backend.constrained.fidelity import COUNTERS, check_output
+from sgl_lite.backend.constrained.grammar import CompiledGrammar
+from sgl_lite.backend.constrained.regex_check import GrammarError
+
+
+class BudgetError(GrammarError):
+    """`max_new_tokens` is below the shortest output the constraint accepts."""
 
 
 class Guide:
@@ -16,17 +26,49 @@ class Guide:
 
     The engine calls `allowed_mask()` before sampling, `advance(token)` after (never with
     eos), and stops the request when `is_finished()` or when eos is sampled in an accepting
-    state.
+    state; at the end `meta_info(text)` checks the text and says whether the budget closed it.
+
+    With `max_new_tokens`, the mask allows a token only if an accepting state stays reachable
+    within the tokens left, so the output is complete whenever the budget runs out; a budget
+    below `grammar.min_tokens` raises BudgetError here. `constraint` is the request's
+    (kind, pattern), used only by the final validation.
     """
 
-    def __init__(self, grammar: CompiledGrammar) -> None:
+    def __init__(
+        self,
+        grammar: CompiledGrammar,
+        *,
+        max_new_tokens: int | None = None,
+        constraint: tuple[str, Any] | None = None,
+    ) -> None:
+        if max_new_tokens is not None and grammar.min_tokens > max_new_tokens:
+            COUNTERS.add("budget_refused")
+            raise BudgetError(
+                f"max_new_tokens={max_new_tokens} is too small for this constraint: its shortest "
+                f"valid output takes {grammar.min_tokens} tokens; raise max_new_tokens to at "
+                f"least {grammar.min_tokens}"
+            )
         self.grammar = grammar
+        self.max_new_tokens = max_new_tokens
+        self.constraint = constraint
         self.state: int = grammar.initial_state
+        self.budget_closed = False  # the budget removed a token the grammar alone allowed
         self._history: list[int] = []  # state before each advance
+        self._meta: dict[str, Any] | None = None
+
+    @property
+    def tokens_left(self) -> int | None:
+        """Budget left (max_new_tokens minus tokens advanced), or None without a budget."""
+        if self.max_new_tokens is None:
+            return None
+        return self.max_new_tokens - len(self._history)
 
     def allowed_mask(self) -> torch.Tensor:
-        """(V,) bool, True = allowed; cached on the grammar, do not write into it."""
-        return self.grammar.mask(self.state)
+        """(V,) bool, True = allowed under grammar and budget; cached, do not write into it."""
+        left = self.tokens_left
+        if left is not None and self.grammar.budget_restricts(self.state, left):
+            self.budget_closed = True
+        return self.grammar.mask(self.state, left)
 
     def advance(self, token_id: int) -> None:
         """Moves over `token_id`; raises GrammarError if the grammar does not allow it here."""
@@ -45,8 +87,27 @@ class Guide:
         return self.grammar.is_accepting(self.state)
 
     def is_finished(self) -> bool:
-        """Whether nothing but eos is allowed: stop without another forward pass."""
-        return self.grammar.is_finished(self.state)
+        """Whether nothing but eos is allowed (by grammar or budget): stop without a forward."""
+        if self.grammar.is_finished(self.state):
+            return True
+        if self.grammar.is_finished(self.state, self.tokens_left):
+            self.budget_closed = True
+            return True
+        return False
+
+    def fits_after(self, keep: int, new_ids: list[int]) -> bool:
+        """Whether rolling back to `keep` advances and advancing over `new_ids` is allowed by
+        the grammar and leaves an accepting state within the budget (jump-forward's check)."""
+        if not 0 <= keep <= len(self._history):
+            return False
+        s: int | None = self.state_at(keep)
+        for token_id in new_ids:
+            s = self.grammar.next_state(s, token_id)
+            if s is None:
+                return False
+        if self.max_new_tokens is None:
+            return True
+        return self.grammar.fits(s, self.max_new_tokens - keep - len(new_ids))
 
     def rollback(self, n: int) -> None:
         """Undoes the last `n` advances."""
@@ -66,3 +127,22 @@ class Guide:
     def num_advanced(self) -> int:
         """How many tokens this guide has advanced over (and not rolled back)."""
         return len(self._history)
+
+    def validate(self, text: str) -> str | None:
+        """None when `text` satisfies the request's constraint (or none was given), else why not."""
+        if self.constraint is None:
+            return None
+        kind, pattern = self.constraint
+        return check_output(kind, pattern, text)
+
+    def meta_info(self, text: str) -> dict[str, Any]:
+        """`budget_closed` and `constraint_violation` (None when valid) for the finished
+        request's meta_info; validates and counts once, later calls return the same dict."""
+        if self._meta is None:
+            violation = self.validate(text)
+            self._meta = {"budget_closed": self.budget_closed, "constraint_violation": violation}
+            if self.budget_closed:
+                COUNTERS.add("budget_closed")
+            if violation is not None:
+                COUNTERS.add("constraint_violations")
+        return dict(self._meta)

@@ -54,13 +54,19 @@ def plan_jump_forward(tokenizer: Any, guide: Guide, output_ids: list[int]) -> Ju
     """What to splice into the output if the grammar forces text from the guide's state.
 
     `output_ids` are this request's generated tokens, all already advanced in `guide`.
-    None when nothing is forced, when the text does not round-trip through the tokenizer, or
-    when retokenizing changes nothing.
+    None when nothing is forced, when the text does not round-trip through the tokenizer, when
+    retokenizing changes nothing, or when the new tokens do not fit the grammar or the budget.
     """
     if guide.num_advanced != len(output_ids):
         raise ValueError(
             f"guide has advanced {guide.num_advanced} tokens but output_ids has {len(output_ids)}"
         )
+    if not isinstance(guide, Guide):  # a grammar backend: its own forced tokens, appended
+        ids = guide.forced_tokens()
+        if not ids:
+            return None
+        text = tokenizer.decode(ids)
+        return JumpForward(keep=len(output_ids), new_ids=ids, forced_text=text)
     grammar = guide.grammar
     forced = forced_bytes(grammar, guide.state)
     if not forced:
@@ -91,6 +97,10 @@ def plan_jump_forward(tokenizer: Any, guide: Guide, output_ids: list[int]) -> Ju
         k += 1
     if k == len(new):
         return None
+    # NOTE: checked here, before the engine drops any KV: a retokenized jump the grammar
+    # refuses, or one that would leave no valid ending within the budget, is not taken.
+    if not guide.fits_after(start + k, new[k:]):
+        return None
     return JumpForward(
         keep=start + k, new_ids=new[k:], forced_text=forced.decode("utf-8", errors="replace")
     )
@@ -99,19 +109,19 @@ def plan_jump_forward(tokenizer: Any, guide: Guide, output_ids: list[int]) -> Ju
 def apply_jump_forward(guide: Guide, jf: JumpForward) -> bool:
     """Rolls `guide` back to `jf.keep` advances and advances over `jf.new_ids`.
 
-    Checks every new token first; if one is not allowed the guide is left untouched and the
-    result is False (the caller must not jump).
+    Checks every new token and the budget first; if the jump does not fit, the guide is left
+    untouched and the result is False (the caller must not jump).
     """
     if not 0 <= jf.keep <= guide.num_advanced:
         raise ValueError(
             f"jump-forward keeps {jf.keep} tokens but the guide has {guide.num_advanced}"
         )
-    grammar = guide.grammar
-    s: int | None = guide.state_at(jf.keep)
-    for token_id in jf.new_ids:
-        s = grammar.next_state(s, token_id)
-        if s is None:
-            return False
+    if not isinstance(guide, Guide):
+        for token_id in jf.new_ids:
+            guide.advance(token_id)
+        return True
+    if not guide.fits_after(jf.keep, jf.new_ids):
+        return False
     guide.rollback(guide.num_advanced - jf.keep)
     for token_id in jf.new_ids:
         guide.advance(token_id)

@@ -72,6 +72,16 @@ class ServerMetrics:
         self.cached_tokens = Counter(
             "sgl_lite_cached_tokens", "Prompt tokens served from the radix cache", registry=reg
         )
+        # Constrained outputs (constrained/guide.py meta_info): closed by the budget, or failing
+        # the final check against their constraint (never passed off as success).
+        self.budget_closed = Counter(
+            "sgl_lite_budget_closed", "Constrained outputs the token budget closed", registry=reg
+        )
+        self.constraint_violations = Counter(
+            "sgl_lite_constraint_violations",
+            "Constrained outputs that failed validation against their constraint",
+            registry=reg,
+        )
         self.time_to_first_token = Histogram(
             "sgl_lite_time_to_first_token_seconds",
             "From arrival to the first output token",
@@ -100,6 +110,8 @@ class ServerMetrics:
         self.cached_tokens.inc(meta.get("cached_tokens", 0))
         if meta.get("e2e_latency") is not None:
             self.e2e_latency.observe(meta["e2e_latency"])
+        self.budget_closed.inc(bool(meta.get("budget_closed")))
+        self.constraint_violations.inc(meta.get("constraint_violation") is not None)
 
     def observe_http(self, route: str, status: int) -> None:
         """Counts one HTTP response."""

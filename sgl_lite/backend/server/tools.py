@@ -151,7 +151,7 @@ def arguments_regex(compiler: Any, schema: dict[str, Any], field: str) -> str:
         if schema.get("additionalProperties", True) is True:
             return JSON_OBJECT_REGEX
     try:
-        return compiler.validate("json_schema", schema)
+        return compiler.regex_for("json_schema", schema)
     except ValueError as exc:
         raise ApiError(400, f"{field}: {exc}", param=field) from None
 

@@ -1,0 +1,69 @@
+"""The last check before a constrained result is returned: does the text satisfy its constraint?
+
+Regexes are matched with Python's `re.fullmatch`, JSON Schemas validated with `jsonschema`
+(formats included). The automaton should make a mismatch impossible; when one happens anyway
+(a backend approximation, a stop string cutting the text) it is reported, counted in
+`COUNTERS`, and never passed off as success. Nothing here knows about requests or the engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import threading
+from collections import Counter
+
+import jsonschema
+
+
+class _Counters:
+    """Process-wide counts of constrained outcomes, for /metrics (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, name: str, n: int = 1) -> None:
+        """Adds `n` to counter `name`."""
+        with self._lock:
+            self._counts[name] += n
+
+    def snapshot(self) -> dict[str, int]:
+        """A copy of every counter: budget_closed, constraint_violations, budget_refused."""
+        with self._lock:
+            return dict(self._counts)
+
+
+COUNTERS = _Counters()
+
+
+def check_output(kind: str, pattern: str | dict, text: str) -> str | None:
+    """None when `text` satisfies the constraint, else a sentence saying how it does not."""
+    if kind == "regex":
+        try:
+            compiled = _compiled_regex(pattern)
+        except re.error:
+            return None  # NOTE: a pattern Python cannot read was checked by the automaton alone
+        if compiled.fullmatch(text) is None:
+            return f"output does not fully match the regex {pattern!r}"
+        return None
+    if kind == "json_schema":
+        schema = json.loads(pattern) if isinstance(pattern, str) else pattern
+        try:
+            instance = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return f"output is not valid JSON: {exc}"
+        cls = jsonschema.validators.validator_for(schema)
+        validator = cls(schema, format_checker=cls.FORMAT_CHECKER)  # this draft's formats
+        error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path) or "the root"
+        return f"output fails the schema at {where}: {error.message}"
+    raise ValueError(f"constraint kind must be 'regex' or 'json_schema', got {kind!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)

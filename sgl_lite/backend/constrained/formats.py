@@ -1,0 +1,27 @@
+"""Regexes for the JSON Schema string formats the automaton enforces (inside the quotes).
+
+Each pattern is a subset of what the format allows, chosen so that `jsonschema`'s format
+checker accepts every match (dates are real calendar dates: 29 February is left out rather than
+tracking leap years). A format not listed here is refused by the schema compiler.
+"""
+
+from __future__ import annotations
+
+_DAY_31 = "(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])"
+_DAY_30 = "(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+_DAY_FEB = "02-(0[1-9]|1[0-9]|2[0-8])"
+DATE = f"[0-9]{{4}}-({_DAY_31}|{_DAY_30}|{_DAY_FEB})"
+_OFFSET = "(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+TIME = rf"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{{1,6}})?{_OFFSET}"
+_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_LABEL = "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?"
+
+STRING_FORMATS: dict[str, str] = {
+    "date": DATE,
+    "time": TIME,
+    "date-time": f"{DATE}T{TIME}",
+    "email": rf"[a-z0-9]+([._+-][a-z0-9]+){{0,4}}@{_LABEL}(\.{_LABEL}){{0,3}}\.[a-z]{{2,8}}",
+    "uuid": "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+    "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
+    "uri": rf"https?://{_LABEL}(\.{_LABEL}){{0,4}}(/[A-Za-z0-9._~%-]{{1,32}}){{0,8}}/?",
+}

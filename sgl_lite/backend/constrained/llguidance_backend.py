@@ -1,0 +1,199 @@
+"""The llguidance backend: context-free grammars (SGLang's `ebnf`, Lark) and JSON Schema with
+real recursion, behind the same Guide interface the engine uses for the automaton backend.
+
+`LLGrammar` is one validated grammar for one tokenizer (shared, with a prototype matcher built
+off the loop); `LLGuide` is a per-request deep copy of that matcher. What llguidance does not
+give: a distance table, so there is no budget guarantee here (a cut output is caught by the
+final validation and reported, never passed off). Forced tokens come from llguidance's own
+fast-forward, appended without retokenizing. Nothing here knows about the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import torch
+
+from sgl_lite.backend.constrained.fidelity import COUNTERS, check_output
+from sgl_lite.backend.constrained.regex_check import GrammarError
+
+_JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+_TOKENIZERS: dict[int, tuple[Any, Any]] = {}
+_LOCK = threading.Lock()
+
+
+def ll_tokenizer(tokenizer: Any) -> Any:
+    """llguidance's view of a HF fast tokenizer, built once per tokenizer (~2 s for SmolLM2)."""
+    import llguidance.hf
+
+    with _LOCK:
+        hit = _TOKENIZERS.get(id(tokenizer))
+        if hit is not None and hit[0] is tokenizer:
+            return hit[1]
+    built = llguidance.hf.from_tokenizer(tokenizer)
+    with _LOCK:
+        _TOKENIZERS[id(tokenizer)] = (tokenizer, built)
+    return built
+
+
+def to_llguidance(kind: str, pattern: Any, *, whitespace: str | None = None) -> str:
+    """The llguidance grammar text for a regex, JSON Schema or EBNF/Lark grammar (unchecked)."""
+    from llguidance import LLMatcher
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    if kind == "regex":
+        return LLMatcher.grammar_from_regex(pattern)
+    if kind == "json_schema":
+        options = dict(_JSON_OPTIONS)
+        if whitespace is not None:
+            options = {"whitespace_flexible": True, "whitespace_pattern": whitespace}
+        schema = json.loads(pattern) if isinstance(pattern, str) else pattern
+        return LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=options)
+    if kind == "ebnf":
+        if not isinstance(pattern, str):
+            raise GrammarError(f"ebnf must be a string, got {type(pattern).__name__}")
+        try:
+            return LLMatcher.grammar_from_lark(any_to_lark(pattern))
+        except Exception as exc:
+            raise GrammarError(f"ebnf grammar does not parse: {exc}") from None
+    raise GrammarError(f"grammar kind must be 'regex', 'json_schema' or 'ebnf', got {kind!r}")
+
+
+def closed_objects(schema: Any) -> Any:
+    """The schema with `additionalProperties: false` wherever properties are listed and nothing
+    else is said: the same valid subset the automaton writes, so a model cannot run on with
+    invented keys. Left as is when the schema uses allOf, where closing one part would reject
+    the properties of another."""
+    if "allOf" in json.dumps(schema):
+        return schema
+
+    def close(node: Any) -> Any:
+        if isinstance(node, list):
+            return [close(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {
+            k: close(v) if k not in ("enum", "const", "default", "examples") else v
+            for k, v in node.items()
+        }
+        open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+        if isinstance(node.get("properties"), dict) and not any(k in node for k in open_keys):
+            out["additionalProperties"] = False
+        return out
+
+    return close(schema)
+
+
+def check_llguidance(kind: str, grammar: str, tokenizer: Any) -> None:
+    """Raises GrammarError with llguidance's own message if it refuses the grammar."""
+    from llguidance import LLMatcher
+
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, ll_tokenizer(tokenizer))
+    if is_error:
+        raise GrammarError(f"{kind} is not supported by the llguidance backend: {messages[0]}")
+
+
+class LLGrammar:
+    """A validated llguidance grammar over one tokenizer; `new_guide` makes request cursors."""
+
+    backend = "llguidance"
+    min_tokens = 0  # NOTE: unknown to llguidance; budgets are not checked up front here
+
+    def __init__(self, grammar: str, tokenizer: Any, vocab_size: int, eos_token_id: int) -> None:
+        from llguidance import LLMatcher
+
+        self.grammar = grammar
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self._proto = LLMatcher(ll_tokenizer(tokenizer), grammar)
+        if self._proto.is_error():
+            raise GrammarError(f"llguidance cannot build the grammar: {self._proto.get_error()}")
+
+    def new_guide(
+        self, *, max_new_tokens: int | None = None, constraint: tuple[str, Any] | None = None
+    ) -> LLGuide:
+        """A fresh cursor for one request (a copy of the prototype matcher)."""
+        return LLGuide(self, self._proto.deep_copy(), max_new_tokens, constraint)
+
+
+class LLGuide:
+    """Where one request stands in an llguidance grammar (the Guide interface)."""
+
+    def __init__(self, grammar: LLGrammar, matcher: Any, max_new_tokens, constraint) -> None:
+        self.grammar = grammar
+        self.max_new_tokens = max_new_tokens
+        self.constraint = constraint
+        self.budget_closed = False
+        self._matcher = matcher
+        self._advanced = 0
+        self._meta: dict[str, Any] | None = None
+        self._shifts = torch.arange(32, dtype=torch.int32)
+
+    @property
+    def num_advanced(self) -> int:
+        """How many tokens this guide has advanced over (and not rolled back)."""
+        return self._advanced
+
+    @property
+    def tokens_left(self) -> int | None:
+        """Budget left, or None without a budget (informational on this backend)."""
+        return None if self.max_new_tokens is None else self.max_new_tokens - self._advanced
+
+    def allowed_mask(self) -> torch.Tensor:
+        """(V,) bool of the tokens llguidance allows next (eos only where accepting)."""
+        from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
+
+        bits = allocate_token_bitmask(1, self.grammar.vocab_size)  # (1, ceil(V/32)) int32
+        fill_next_token_bitmask(self._matcher, bits, 0)
+        unpacked = (bits[0].unsqueeze(1) >> self._shifts) & 1  # (W, 32)
+        return unpacked.flatten()[: self.grammar.vocab_size].bool()
+
+    def advance(self, token_id: int) -> None:
+        """Consumes `token_id`; raises GrammarError if the grammar does not allow it."""
+        if not self._matcher.consume_token(token_id):
+            raise GrammarError(
+                f"token {token_id} is not allowed (after {self._advanced} tokens): "
+                f"{self._matcher.get_error()}"
+            )
+        self._advanced += 1
+
+    def is_accepting(self) -> bool:
+        """Whether the output so far is complete (eos allowed)."""
+        return bool(self._matcher.is_accepting())
+
+    def is_finished(self) -> bool:
+        """Whether nothing but eos can follow."""
+        return bool(self._matcher.is_stopped())
+
+    def rollback(self, n: int) -> None:
+        """Undoes the last `n` advances."""
+        if not 0 <= n <= self._advanced:
+            raise ValueError(f"rollback needs 0 <= n <= {self._advanced} advances, got {n}")
+        if n:
+            self._matcher.rollback(n)
+            self._advanced -= n
+
+    def forced_tokens(self) -> list[int]:
+        """The tokens llguidance forces from here (its fast-forward), possibly none."""
+        return list(self._matcher.compute_ff_tokens())
+
+    def validate(self, text: str) -> str | None:
+        """None when `text` satisfies the request's constraint, else why not."""
+        if self.constraint is None or self.constraint[0] == "ebnf":
+            return (
+                None if self.is_accepting() else "output is not a complete sentence of the grammar"
+            )
+        kind, pattern = self.constraint
+        return check_output(kind, pattern, text)
+
+    def meta_info(self, text: str) -> dict[str, Any]:
+        """`budget_closed` (always False here) and `constraint_violation`, computed once."""
+        if self._meta is None:
+            violation = self.validate(text)
+            self._meta = {"budget_closed": False, "constraint_violation": violation}
+            if violation is not None:
+                COUNTERS.add("constraint_violations")
+        return dict(self._meta)

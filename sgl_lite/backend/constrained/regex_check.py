@@ -1,0 +1,61 @@
+"""Regex checks shared by the compilers: what a finite automaton can match, ASCII digits.
+
+Pure functions over pattern text; nothing here knows about tokenizers or requests.
+"""
+
+from __future__ import annotations
+
+from sgl_lite.common import RegexError, validate_regex
+
+
+class GrammarError(ValueError):
+    """A regex, JSON Schema or budget that is invalid, unsupported, or too slow to compile."""
+
+
+class UnsupportedSchema(GrammarError):
+    """A valid JSON Schema the automaton backend cannot enforce exactly (a grammar backend may)."""
+
+
+def check_regex(pattern: str, *, what: str) -> None:
+    """Raises GrammarError if `pattern` is not a regex a finite automaton can match.
+
+    NOTE: the one validator is `sgl_lite.common.validate_regex`, shared with the frontend so the
+    two can never disagree; this only gives its refusal the compiler's error type.
+    """
+    try:
+        validate_regex(pattern, what=what)
+    except RegexError as exc:
+        raise GrammarError(str(exc)) from None
+
+
+def digits_to_ascii(regex: str) -> str:
+    r"""Rewrites `\d` as ASCII digits (outlines-core's `\d` is Unicode and bloats the automaton)."""
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\" and i + 1 < len(regex):
+            nxt = regex[i + 1]
+            if nxt == "d":
+                out.append("0-9" if in_class else "[0-9]")
+            else:
+                out.append(c + nxt)
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+            out.append(c)
+            if regex[i + 1 : i + 2] == "^":
+                out.append("^")
+                i += 1
+            if regex[i + 1 : i + 2] == "]":  # a literal ] first in a class
+                out.append("]")
+                i += 1
+        elif c == "]" and in_class:
+            in_class = False
+            out.append(c)
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)

@@ -1,0 +1,198 @@
+"""The llguidance backend, model-free: EBNF grammars produce strings a reference parser accepts,
+recursive schemas validate past the automaton's bound, the fidelity matrix holds (enforced or
+refused), long maxLength compiles fast, and "auto" routes each constraint to the right backend."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import time
+
+import jsonschema
+import pytest
+import torch
+
+from sgl_lite.backend.constrained import (
+    GrammarCompiler,
+    GrammarError,
+    apply_jump_forward,
+    plan_jump_forward,
+)
+from tests.unit.test_constrained_fidelity import COMMENT_TREE, ENFORCED
+from tests.unit.test_constrained_support import _closing_bias, smollm2_tokenizer
+
+ARITHMETIC = r"""
+root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= factor (("*" | "/") factor)*
+factor ::= [0-9]{1,3} | "(" expr ")"
+"""
+SQL = r"""
+root ::= "SELECT " cols " FROM " name where?
+cols ::= "*" | name (", " name)*
+where ::= " WHERE " name " " op " " value
+op ::= "=" | "<" | ">"
+value ::= [0-9]{1,4} | "'" [a-z]{1,8} "'"
+name ::= [a-z]{1,8}
+"""
+
+
+@functools.cache
+def llg_compiler() -> GrammarCompiler:
+    return GrammarCompiler(smollm2_tokenizer(), timeout_s=60.0, backend="llguidance")
+
+
+@functools.cache
+def _bias() -> torch.Tensor:
+    """Closing characters (and '@', which ends llguidance's long email local parts) first."""
+    at = torch.tensor([b is not None and b"@" in b for b in llg_vocab_bytes()])
+    return _closing_bias() + 3.0 * at
+
+
+def llg_vocab_bytes() -> tuple:
+    from sgl_lite.backend.constrained.vocab import vocabulary_for
+
+    return vocabulary_for(smollm2_tokenizer()).token_bytes
+
+
+def decode(grammar, *, seed: int, max_steps: int = 300, jump_forward: bool = True) -> str:
+    """Random logits masked by the guide, argmax, until eos or the grammar stops."""
+    tokenizer = smollm2_tokenizer()
+    gen = torch.Generator().manual_seed(seed)
+    guide = grammar.new_guide()
+    out: list[int] = []
+    for _ in range(max_steps):
+        if guide.is_finished():
+            break
+        logits = torch.randn(len(tokenizer), generator=gen) + _bias()  # (V,)
+        logits.masked_fill_(~guide.allowed_mask(), float("-inf"))
+        token = int(logits.argmax())
+        if token == tokenizer.eos_token_id:
+            assert guide.is_accepting()
+            break
+        guide.advance(token)
+        out.append(token)
+        if jump_forward:
+            plan = plan_jump_forward(tokenizer, guide, out)
+            if plan is not None and apply_jump_forward(guide, plan):
+                out[plan.keep :] = plan.new_ids
+    else:
+        raise AssertionError(f"no end after {max_steps} steps: {tokenizer.decode(out)!r}")
+    assert guide.is_accepting()
+    return tokenizer.decode(out)
+
+
+class _Parser:
+    """A reference recursive-descent parser for the arithmetic grammar."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.i = text, 0
+
+    def parse(self) -> None:
+        self.expr()
+        assert self.i == len(self.text), f"trailing text at {self.i}: {self.text!r}"
+
+    def expr(self) -> None:
+        self.term()
+        while self.peek() in ("+", "-"):
+            self.i += 1
+            self.term()
+
+    def term(self) -> None:
+        self.factor()
+        while self.peek() in ("*", "/"):
+            self.i += 1
+            self.factor()
+
+    def factor(self) -> None:
+        if self.peek() == "(":
+            self.i += 1
+            self.expr()
+            assert self.peek() == ")", self.text
+            self.i += 1
+            return
+        m = re.compile(r"[0-9]{1,3}").match(self.text, self.i)
+        assert m, f"expected a number at {self.i}: {self.text!r}"
+        self.i = m.end()
+
+    def peek(self) -> str:
+        return self.text[self.i : self.i + 1]
+
+
+SQL_REFERENCE = re.compile(
+    r"SELECT (\*|[a-z]{1,8}(, [a-z]{1,8})*) FROM [a-z]{1,8}"
+    r"( WHERE [a-z]{1,8} [=<>] ([0-9]{1,4}|'[a-z]{1,8}'))?"
+)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_arithmetic_ebnf_output_parses_with_a_reference_parser(seed: int) -> None:
+    text = decode(llg_compiler().compile("ebnf", ARITHMETIC), seed=seed)
+    _Parser(text).parse()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sql_select_ebnf_output_parses(seed: int) -> None:
+    text = decode(llg_compiler().compile("ebnf", SQL), seed=seed)
+    assert SQL_REFERENCE.fullmatch(text), text
+
+
+def test_bad_ebnf_and_ebnf_on_the_automaton_backend_are_named_errors() -> None:
+    with pytest.raises(GrammarError, match="ebnf"):
+        llg_compiler().validate("ebnf", "root ::= (")
+    with pytest.raises(GrammarError, match="ebnf needs grammar_backend"):
+        GrammarCompiler(smollm2_tokenizer()).validate("ebnf", ARITHMETIC)
+
+
+def test_recursive_schema_validates_deeper_than_the_automaton_bound() -> None:
+    deep = json.loads(json.dumps(COMMENT_TREE))
+    deep["$defs"]["comment"]["properties"]["replies"]["maxItems"] = 1
+    grammar = llg_compiler().compile("json_schema", deep)
+    assert grammar.backend == "llguidance"
+    nested = {"author": "a", "replies": []}
+    for _ in range(5):  # past MAX_REF_DEPTH: the grammar recurses for real
+        nested = {"author": "a", "replies": [nested]}
+    guide = grammar.new_guide()
+    for token in smollm2_tokenizer().encode(json.dumps(nested), add_special_tokens=False):
+        guide.advance(token)
+    assert guide.is_accepting()
+    for seed in range(3):
+        jsonschema.validate(json.loads(decode(grammar, seed=seed)), deep)
+
+
+@pytest.mark.parametrize("name", list(ENFORCED))
+def test_fidelity_matrix_on_llguidance_enforced_or_refused(name: str) -> None:
+    schema = ENFORCED[name]
+    try:
+        grammar = llg_compiler().compile("json_schema", schema)
+    except GrammarError as exc:
+        assert "llguidance" in str(exc)  # refused with llguidance's reason, never dropped
+        return
+    for seed in range(3):
+        guide = grammar.new_guide(constraint=("json_schema", schema))
+        text = decode(grammar, seed=seed, max_steps=1500)
+        assert guide.validate(text) is None, (name, text)
+
+
+def test_a_long_max_length_compiles_in_under_a_second() -> None:
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 5000}}}
+    llg_compiler().compile("regex", "warm-up")
+    start = time.perf_counter()
+    llg_compiler().compile("json_schema", schema)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_auto_uses_the_automaton_where_it_is_exact_and_llguidance_otherwise() -> None:
+    auto = GrammarCompiler(smollm2_tokenizer(), timeout_s=60.0, backend="auto")
+    assert auto.plan("json_schema", ENFORCED["int_range"])[0] == "outlines"
+    assert auto.plan("regex", "[a-z]+")[0] == "outlines"
+    assert auto.plan("json_schema", {"type": "integer", "multipleOf": 3})[0] == "llguidance"
+    assert auto.plan("ebnf", ARITHMETIC)[0] == "llguidance"
+    with pytest.raises(GrammarError, match="keyword 'not'.*llguidance refuses it too"):
+        auto.validate("json_schema", {"not": {"type": "string"}})
+    assert re.fullmatch(auto.regex_for("json_schema", ENFORCED["int_range"]), "4")
+    with pytest.raises(GrammarError, match="multipleOf"):
+        auto.regex_for("json_schema", {"type": "integer", "multipleOf": 3})
+    text = decode(auto.compile("json_schema", {"type": "integer", "multipleOf": 3}), seed=1)
+    assert int(text) % 3 == 0
