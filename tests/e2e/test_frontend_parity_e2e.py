@@ -1,0 +1,69 @@
+"""SGLang 0.5 DSL parity on the embedded model: `gen(n=k)` and `stop_regex` through the
+in-process engine backend (`sgl.Runtime(engine=...)` around the session's engine)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import sgl_lite as sgl
+
+pytestmark = pytest.mark.e2e
+PROMPT = "The three most common pets are"
+
+
+@pytest.fixture(scope="module")
+def rt(engine):
+    """A Runtime around the shared engine (never shut down here: the engine is the session's)."""
+    return sgl.Runtime(engine=engine)
+
+
+@pytest.fixture(autouse=True)
+def _engine_stays_consistent(engine):
+    yield
+    engine.check_integrity()
+
+
+@sgl.function
+def continue_(s, n=None, pattern=None):
+    s += PROMPT + sgl.gen("x", max_tokens=16, n=n, stop_regex=pattern)
+
+
+def test_gen_n_returns_k_alternatives_greedy_equal_to_one_gen(rt):
+    one = continue_.run(backend=rt, temperature=0)
+    state = continue_.run(n=3, backend=rt, temperature=0)
+    assert state.error() is None
+    assert state["x"] == [one["x"]] * 3  # greedy: every alternative is the single gen's text
+    assert state.text() == PROMPT + one["x"]
+    alternatives = state.get_meta_info("x")["alternatives"]
+    assert len(alternatives) == 3 and all(m["completion_tokens"] > 0 for m in alternatives)
+
+
+def test_sampled_alternatives_continue_the_program_with_the_first(rt):
+    @sgl.function
+    def prog(s):
+        s += PROMPT + sgl.gen("x", max_tokens=12, n=4, temperature=1.0) + ". Next:"
+        s += sgl.gen("y", max_tokens=4, temperature=0)
+
+    state = prog.run(backend=rt)
+    assert state.error() is None
+    xs = state["x"]
+    assert len(xs) == 4 and all(isinstance(x, str) and x for x in xs)
+    assert len(set(xs)) > 1  # 4 samples of 12 tokens at temperature 1 differ
+    assert state.text() == PROMPT + xs[0] + ". Next:" + state["y"]
+
+
+def test_stop_regex_trims_at_the_first_match_in_gen_and_as_a_run_default(rt):
+    base = continue_.run(backend=rt, temperature=0)["x"]
+    words = re.findall(r"[A-Za-z]{3,}", base)
+    assert len(words) >= 2, base
+    word = words[1]
+    pattern = rf"\b{re.escape(word)}\b"
+    cut = re.search(pattern, base).start()
+
+    by_gen = continue_.run(pattern=[pattern, "zzz+q"], backend=rt, temperature=0)
+    assert by_gen["x"] == base[:cut]
+    assert by_gen.get_meta_info("x")["finish_reason"]["matched"] == word
+    by_run = continue_.run(backend=rt, temperature=0, stop_regex=pattern)  # run() default
+    assert by_run["x"] == base[:cut]
