@@ -67,3 +67,19 @@ def test_stop_regex_trims_at_the_first_match_in_gen_and_as_a_run_default(rt):
     assert by_gen.get_meta_info("x")["finish_reason"]["matched"] == word
     by_run = continue_.run(backend=rt, temperature=0, stop_regex=pattern)  # run() default
     assert by_run["x"] == base[:cut]
+
+
+def test_select_meta_info_carries_sglangs_keys_with_token_ids(rt, smollm_tokenizer):
+    @sgl.function
+    def prog(s):
+        s += "Q: Is the sky blue? A:" + sgl.select("a", choices=[" yes", " no, never"])
+
+    meta = prog.run(backend=rt).get_meta_info("a")
+    entries = meta["input_token_logprobs"]
+    assert [len(e) for e in entries] == meta["choice_tokens"]
+    for choice, choice_entries, mean in zip(
+        meta["choices"], entries, meta["normalized_prompt_logprobs"]
+    ):
+        assert smollm_tokenizer.decode([e[1] for e in choice_entries]) == choice
+        assert mean == pytest.approx(sum(e[0] for e in choice_entries) / len(choice_entries))
+    assert meta["output_token_logprobs"] == [[], []]

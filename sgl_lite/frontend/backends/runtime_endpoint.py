@@ -153,7 +153,7 @@ class RuntimeEndpoint(Backend):
                 "logprob_start_len": window,
             }
         )
-        scored, choice_ids = [], []
+        scored, choice_ids, choice_entries = [], [], []
         for out in outs:
             entries = out["meta_info"]["input_token_logprobs"]
             ids = [e[1] for e in entries]
@@ -161,6 +161,7 @@ class RuntimeEndpoint(Backend):
             start = min(start, len(entries) - 1)
             scored.append(logprob_values(entries[start:]))
             choice_ids.append(ids[start:])
+            choice_entries.append([list(e) for e in entries[start:]])
         uncond = None
         if method.requires_unconditional_logprobs:
             res = self._generate(
@@ -178,6 +179,7 @@ class RuntimeEndpoint(Backend):
         meta = dict(decision.meta_info)
         meta["prompt_tokens"] = len(prefix_ids)
         meta["cached_tokens"] = [o["meta_info"].get("cached_tokens") for o in outs]
+        meta["input_token_logprobs"] = choice_entries  # SGLang's key, with the server's ids
         return ChoicesDecision(decision.decision, meta)
 
     # --- admin --------------------------------------------------------------------------------
