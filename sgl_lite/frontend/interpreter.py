@@ -243,7 +243,9 @@ class ProgramState:
 
         With `return_meta_data=True` and a variable, yields `(chunk, meta_info)` pairs as
         SGLang does: each chunk with the meta info reported so far, the last with the
-        variable's final meta info (finish reason, token counts, logprobs).
+        variable's final meta info (finish reason, token counts). Output logprob lists hold
+        only the entries new since the previous pair, and `output_token_logprobs_length`
+        counts them all (SGLang's streaming meta).
         """
         sentinel = object()
         if not (return_meta_data and var_name is not None):
@@ -252,13 +254,15 @@ class ProgramState:
                 yield chunk
             return
         pairs = self._meta_iter(var_name)
+        sent: dict[str, int] = {}
         held = None  # one pair is held back so the last can carry the final meta info
         while (pair := await asyncio.to_thread(next, pairs, sentinel)) is not sentinel:
             if held is not None:
-                yield held
+                yield held[0], _incremental(held[1], sent)
             held = pair
         if held is not None:
-            yield held[0], self._exec.meta_infos().get(var_name) or held[1]
+            final = self._exec.meta_infos().get(var_name) or held[1]
+            yield held[0], _incremental(final, sent)
 
     def _meta_iter(self, var_name: str) -> Iterator[tuple[str, dict[str, Any]]]:
         i, meta = 0, {}
@@ -279,6 +283,24 @@ class ProgramState:
 
     def __repr__(self) -> str:
         return f"ProgramState({self._exec.text!r})"
+
+
+# The logprob lists a streamed meta info carries only the new entries of, as SGLang's server
+# streams them; `<key>_length` (for output_token_logprobs) counts every entry so far.
+_INCREMENTAL_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+
+
+def _incremental(meta: dict[str, Any], sent: dict[str, int]) -> dict[str, Any]:
+    """`meta` (cumulative, as backends report it) with each incremental key sliced to the
+    entries not yet yielded; `sent` remembers how many were."""
+    out = dict(meta)
+    for key in _INCREMENTAL_KEYS:
+        if isinstance(meta.get(key), list):
+            out[key] = meta[key][sent.get(key, 0) :]
+            sent[key] = len(meta[key])
+    if isinstance(meta.get("output_token_logprobs"), list):
+        out["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
+    return out
 
 
 class ProgramStateGroup:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import sgl_lite as sgl
+from sgl_lite.frontend.backends.base import GenResult
 from sgl_lite.frontend.choices import ChoicesDecision, ChoicesSamplingMethod
 from tests.unit.test_frontend_mock import MockBackend
 
@@ -401,3 +402,36 @@ def test_every_sglang_public_name_exists_and_has_a_row_in_the_parity_table():
     ]:
         missing = [n for n in names if not any(r.startswith(prefix + n) for r in rows)]
         assert not missing, f"docs/sglang_parity.md has no row for {prefix}{missing}"
+
+
+class LogprobStream(MockBackend):
+    """Streams one character per token, with cumulative output logprobs as the engine does."""
+
+    def generate_stream(self, prompt, request):
+        text = self.reply(prompt.text, request)
+        entries = [[-0.5, ord(c), None] for c in text]
+        for i in range(1, len(text) + 1):
+            meta = {"completion_tokens": i, "output_token_logprobs": entries[:i]}
+            yield GenResult(text[:i], meta)
+        yield GenResult(text, {**meta, "finish_reason": {"type": "stop"}})
+
+
+def test_streamed_meta_carries_only_new_logprob_entries_as_sglangs_stream_does():
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("x", return_logprob=True)
+
+    async def consume():
+        st = prog.run(backend=LogprobStream(lambda text, req: "abcd"), stream=True)
+        return [pair async for pair in st.text_async_iter("x", return_meta_data=True)], st
+
+    pairs, state = asyncio.run(consume())
+    assert "".join(c for c, _ in pairs) == "abcd"
+    seen = 0
+    for chunk, meta in pairs:  # the checks of SGLang's test_stream_logprobs
+        assert chunk and meta["completion_tokens"] == meta["output_token_logprobs_length"]
+        assert len(meta["output_token_logprobs"]) == meta["completion_tokens"] - seen
+        seen = meta["completion_tokens"]
+    assert seen == 4 and pairs[-1][1]["finish_reason"] == {"type": "stop"}
+    # the variable's own meta info stays cumulative
+    assert len(state.get_meta_info("x")["output_token_logprobs"]) == 4
