@@ -3,7 +3,12 @@ in-process engine backend (`sgl.Runtime(engine=...)` around the session's engine
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import sys
+import types
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +88,79 @@ def test_select_meta_info_carries_sglangs_keys_with_token_ids(rt, smollm_tokeniz
         assert smollm_tokenizer.decode([e[1] for e in choice_entries]) == choice
         assert mean == pytest.approx(sum(e[0] for e in choice_entries) / len(choice_entries))
     assert meta["output_token_logprobs"] == [[], []]
+
+
+# --- SGLang 0.5's own frontend test programs, with only the import changed ------------------
+# (program, kwargs). Left out: test_image_qa (images, refused), the two speculative ones (an
+# OpenAI backend), test_decode_json_regex and test_gen_min_new_tokens (they import SGLang
+# internals: `sglang.lang.ir`'s patterns, SGLang's tokenizer loader).
+SGLANG_PROGRAMS = [
+    ("test_few_shot_qa", {}),
+    ("test_select", {"check_answer": False}),
+    ("test_expert_answer", {"check_answer": False}),
+    ("test_tool_use", {}),
+    ("test_regex", {}),
+    ("test_stream_logprobs", {}),
+    ("test_parallel_encoding", {"check_answer": False}),
+]
+# ~3.5 minutes more on two CPU threads; run with SGL_LITE_SGLANG05_SLOW=1
+SLOW_SGLANG_PROGRAMS = [
+    ("test_mt_bench", {}),
+    ("test_decode_json", {}),
+    ("test_dtype_gen", {}),
+    ("test_react", {}),
+    ("test_decode_int", {}),
+    ("test_stream", {}),
+    ("test_parallel_decoding", {}),
+]
+# These must pass SGLang's own checks; the others may fail only an answer check (the 135M
+# model answers differently than SGLang's checks expect), never with an exception.
+MUST_PASS = {
+    "test_select", "test_expert_answer", "test_tool_use", "test_regex", "test_stream_logprobs",
+    "test_parallel_encoding", "test_mt_bench", "test_decode_json", "test_dtype_gen",
+    "test_stream", "test_parallel_decoding",
+}  # fmt: skip
+
+
+def _sglang05_test_programs() -> Path:
+    root = Path(__file__).resolve().parents[2]
+    python = os.environ.get("SGL_LITE_SGLANG05_PYTHON") or str(root / ".venv-sglang05/bin/python")
+    venv = Path(python).parent.parent
+    found = sorted(venv.glob("lib/python3*/site-packages/sglang/test/test_programs.py"))
+    if not found:
+        pytest.fail(f"no SGLang 0.5 in {venv}: run `make setup` (or set SGL_LITE_SGLANG05_PYTHON)")
+    return found[0]
+
+
+def test_sglangs_own_test_programs_run_on_sgl_lite_with_only_the_import_changed(rt, monkeypatch):
+    # `import sglang as sgl` in SGLang's file gets sgl_lite; its one other import, is_hip, a stub.
+    monkeypatch.setitem(sys.modules, "sglang", sgl)
+    for name in ("sglang.srt", "sglang.srt.utils"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["sglang.srt.utils"].is_hip = lambda: False
+    spec = importlib.util.spec_from_file_location(
+        "sglang05_test_programs", _sglang05_test_programs()
+    )
+    programs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(programs)
+
+    chosen = SGLANG_PROGRAMS + (
+        SLOW_SGLANG_PROGRAMS if os.environ.get("SGL_LITE_SGLANG05_SLOW") else []
+    )
+    outcomes = {}
+    sgl.set_default_backend(rt)
+    try:
+        for name, kwargs in chosen:
+            try:
+                getattr(programs, name)(**kwargs)
+                outcomes[name] = "ok"
+            except AssertionError as exc:
+                outcomes[name] = f"answer: {str(exc)[:120]}"
+            except Exception as exc:
+                outcomes[name] = f"error: {type(exc).__name__}: {exc}"
+    finally:
+        sgl.set_default_backend(None)
+    errors = {k: v for k, v in outcomes.items() if v.startswith("error")}
+    assert not errors, errors
+    failed_checks = {k: v for k, v in outcomes.items() if k in MUST_PASS and v != "ok"}
+    assert not failed_checks, failed_checks
