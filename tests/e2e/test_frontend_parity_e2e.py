@@ -3,6 +3,7 @@ in-process engine backend (`sgl.Runtime(engine=...)` around the session's engine
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import re
@@ -164,3 +165,26 @@ def test_sglangs_own_test_programs_run_on_sgl_lite_with_only_the_import_changed(
     assert not errors, errors
     failed_checks = {k: v for k, v in outcomes.items() if k in MUST_PASS and v != "ok"}
     assert not failed_checks, failed_checks
+
+
+def test_streamed_logprobs_over_http_match_the_in_process_backend(rt, engine):
+    from sgl_lite.backend.server import create_app
+    from tests.e2e.server_fixture import serve
+
+    @sgl.function
+    def prog(s):
+        s += PROMPT + sgl.gen("x", max_tokens=12, return_logprob=True, stop_regex=r"\n")
+
+    async def pairs(state):
+        return [p async for p in state.text_async_iter("x", return_meta_data=True)]
+
+    local = prog.run(backend=rt, temperature=0)
+    with serve(create_app(engine)) as url:
+        state = prog.run(backend=sgl.RuntimeEndpoint(url), temperature=0, stream=True)
+        streamed = asyncio.run(pairs(state))
+    assert state.error() is None and state["x"] == local["x"]
+    assert "".join(chunk for chunk, _ in streamed) == local["x"]
+    entries = [e for _, meta in streamed for e in meta["output_token_logprobs"]]
+    want = local.get_meta_info("x")["output_token_logprobs"]
+    assert [e[1] for e in entries] == [e[1] for e in want]  # the same tokens, each once
+    assert state.get_meta_info("x")["output_token_logprobs"] == entries  # cumulative at the end
