@@ -16,6 +16,7 @@ from typing import Any
 from sgl_lite.frontend import ir
 from sgl_lite.frontend.backends.base import Backend
 from sgl_lite.frontend.executor import Executor, ProgramError
+from sgl_lite.frontend.stream_meta import incremental_meta
 
 __all__ = ["ProgramError", "ProgramState", "ProgramStateGroup"]
 
@@ -258,11 +259,11 @@ class ProgramState:
         held = None  # one pair is held back so the last can carry the final meta info
         while (pair := await asyncio.to_thread(next, pairs, sentinel)) is not sentinel:
             if held is not None:
-                yield held[0], _incremental(held[1], sent)
+                yield held[0], incremental_meta(held[1], sent)
             held = pair
         if held is not None:
             final = self._exec.meta_infos().get(var_name) or held[1]
-            yield held[0], _incremental(final, sent)
+            yield held[0], incremental_meta(final, sent)
 
     def _meta_iter(self, var_name: str) -> Iterator[tuple[str, dict[str, Any]]]:
         i, meta = 0, {}
@@ -283,24 +284,6 @@ class ProgramState:
 
     def __repr__(self) -> str:
         return f"ProgramState({self._exec.text!r})"
-
-
-# The logprob lists a streamed meta info carries only the new entries of, as SGLang's server
-# streams them; `<key>_length` (for output_token_logprobs) counts every entry so far.
-_INCREMENTAL_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
-
-
-def _incremental(meta: dict[str, Any], sent: dict[str, int]) -> dict[str, Any]:
-    """`meta` (cumulative, as backends report it) with each incremental key sliced to the
-    entries not yet yielded; `sent` remembers how many were."""
-    out = dict(meta)
-    for key in _INCREMENTAL_KEYS:
-        if isinstance(meta.get(key), list):
-            out[key] = meta[key][sent.get(key, 0) :]
-            sent[key] = len(meta[key])
-    if isinstance(meta.get("output_token_logprobs"), list):
-        out["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
-    return out
 
 
 class ProgramStateGroup:
