@@ -37,6 +37,17 @@ from sgl_lite.frontend.choices import (
 from sgl_lite.frontend.globals import set_default_backend
 from sgl_lite.frontend.interpreter import ProgramError, ProgramState
 from sgl_lite.frontend.program import SglFunction, flush_cache, get_server_info
+from sgl_lite.frontend.unsupported import (  # SGLang names that raise, saying what to use
+    Anthropic,
+    Crusoe,
+    LiteLLM,
+    ServerArgs,
+    VertexAI,
+    global_config,
+    image,
+    separate_reasoning,
+    video,
+)
 
 __version__ = "0.1.0"
 
@@ -84,4 +95,14 @@ __all__ = [
     "ProgramError",
     "SglFunction",
     "__version__",
+    # refused (docs/sglang_parity.md): calling one raises NotImplementedError saying why
+    "Anthropic",
+    "Crusoe",
+    "LiteLLM",
+    "ServerArgs",
+    "VertexAI",
+    "global_config",
+    "image",
+    "separate_reasoning",
+    "video",
 ]

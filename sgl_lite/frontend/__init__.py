@@ -13,5 +13,8 @@ Layers, each importing only those below it (checked by import-linter, see pyproj
     chat_template | choices
     ir             frozen IR nodes, role(), dtype patterns
 
+Outside the layers: `unsupported` (SGLang names sgl_lite refuses, each raising with what to use
+instead; docs/sglang_parity.md) and `stream_meta` (SGLang's incremental streamed meta info).
+
 Shared light logic (regex validation, common prefix, sampling-param names) is `sgl_lite.common`.
 """

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from sgl_lite.common.regex import validate_regex
 from sgl_lite.frontend import ir
-from sgl_lite.frontend.choices import ChoicesMethod, token_length_normalized
+from sgl_lite.frontend.choices import ChoicesMethod, as_choices_method, token_length_normalized
 from sgl_lite.frontend.program import SglFunction
 
 _GEN_ARGS = ("name", *ir.SAMPLING_FIELDS, "choices", "choices_method")
@@ -37,6 +38,7 @@ def gen(
     n: int | None = None,
     stop: str | Sequence[str] | None = None,
     stop_token_ids: Sequence[int] | None = None,
+    stop_regex: str | Sequence[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -48,7 +50,7 @@ def gen(
     logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
     return_text_in_logprobs: bool | None = None,
-    dtype: type | None = None,
+    dtype: type | str | None = None,
     regex: str | None = None,
     json_schema: str | dict | None = None,
     choices: Sequence[str] | None = None,
@@ -58,7 +60,9 @@ def gen(
     """Generates text into variable `name`; every argument falls back to the run() defaults.
 
     `choices=[...]` makes it a `select`. `dtype`, `regex` and `json_schema` constrain the output
-    (at most one of them).
+    (at most one of them). `n=k` samples k alternatives: the variable holds the list of them and
+    the program's text continues with the first (as SGLang). `stop_regex` stops generation at a
+    match of any of the patterns (trimmed from the text like a stop string).
     """
     _reject_unknown("gen", unknown, _GEN_ARGS)
     _check_name(name)
@@ -68,8 +72,9 @@ def gen(
         )
     if choices_method is not None:
         raise ValueError("gen(choices_method=...) needs choices=[...] too")
-    if n not in (None, 1):
-        raise ValueError(f"gen(n={n}) is not supported; use s.fork({n}) for parallel samples")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise ValueError(f"gen(n={n!r}) must be an int >= 1 (the number of alternatives)")
+    stop_regex = _stop_regexes(stop_regex)
     given = [
         k
         for k, v in (("dtype", dtype), ("regex", regex), ("json_schema", json_schema))
@@ -77,6 +82,8 @@ def gen(
     ]
     if len(given) > 1:
         raise ValueError(f"gen() takes at most one of dtype, regex, json_schema; got {given}")
+    if isinstance(dtype, str):  # SGLang also takes the type's name
+        dtype = {t.__name__: t for t in ir.DTYPES}.get(dtype, dtype)
     if dtype is not None:
         ir.dtype_regex(dtype)  # raises for a dtype that has no pattern
     if regex is not None:
@@ -95,6 +102,7 @@ def gen(
         n=n,
         stop=stop,
         stop_token_ids=tuple(stop_token_ids) if stop_token_ids is not None else None,
+        stop_regex=stop_regex,
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -142,16 +150,12 @@ def select(
             f"select({name!r}, temperature={temperature}): select is greedy; "
             "only temperature=0 is supported (as in SGLang)"
         )
-    if choices_method is not None and not isinstance(choices_method, ChoicesMethod):
-        raise ValueError(
-            "choices_method must be sgl.token_length_normalized, "
-            "sgl.greedy_token_selection or sgl.unconditional_likelihood_normalized"
-        )
+    method = token_length_normalized if choices_method is None else choices_method
     return ir.Select(
         name=name,
         choices=tuple(choices),
         temperature=0.0,
-        choices_method=choices_method or token_length_normalized,
+        choices_method=as_choices_method(method),
     )
 
 
@@ -215,6 +219,26 @@ def _schema_string(schema: Any) -> str:
     raise ValueError(
         f"json_schema must be a JSON str, a dict or a pydantic model; got {type(schema).__name__}"
     )
+
+
+def _stop_regexes(stop_regex: Any) -> str | tuple[str, ...] | None:
+    """`stop_regex` checked the way the engine will (a pattern that compiles and cannot match
+    the empty string); a list becomes a tuple (IR nodes are frozen)."""
+    if stop_regex is None:
+        return None
+    patterns = [stop_regex] if isinstance(stop_regex, str) else list(stop_regex)
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise ValueError(f"gen(stop_regex=...) takes a str or a list of str; got {pattern!r}")
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"stop_regex {pattern!r} is not a valid regex: {exc}") from None
+        if compiled.fullmatch(""):
+            raise ValueError(
+                f"stop_regex {pattern!r} matches the empty string; it would stop at once"
+            )
+    return stop_regex if isinstance(stop_regex, str) else tuple(patterns)
 
 
 def _check_name(name: Any) -> None:

@@ -6,6 +6,7 @@ follow SGLang's `sglang.lang.choices` (same names, same decisions).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -17,7 +18,7 @@ class ChoicesDecision(NamedTuple):
     """The chosen text and the scores behind it (the select's meta_info)."""
 
     decision: str
-    meta_info: dict[str, Any]
+    meta_info: dict[str, Any] | None = None  # SGLang's default; the adapter makes it a dict
 
 
 class ChoicesMethod:
@@ -56,9 +57,18 @@ def _meta(
         "scores": list(scores),
         "normalized_prompt_logprobs": normalized_logprobs(token_logprobs),
         "token_logprobs": [list(lps) for lps in token_logprobs],
+        # SGLang's keys: `[logprob, token_id, text]` entries per choice (a backend that knows
+        # the token ids replaces these), and no output tokens (a choice is only scored).
+        "input_token_logprobs": logprob_entries(token_logprobs),
+        "output_token_logprobs": [[] for _ in choices],
         "decision": choices[decision],
         **extra,
     }
+
+
+def logprob_entries(token_logprobs: Sequence[Sequence[float]]) -> list[list[list[Any]]]:
+    """SGLang's `[logprob, token_id, text]` entries for bare logprobs (id and text unknown)."""
+    return [[[lp, None, None] for lp in lps] for lps in token_logprobs]
 
 
 class TokenLengthNormalized(ChoicesMethod):
@@ -121,6 +131,89 @@ class UnconditionalLikelihoodNormalized(ChoicesMethod):
             unconditional_token_logprobs=[list(x) for x in unconditional_token_logprobs],
         )
         return ChoicesDecision(choices[best], meta)
+
+
+class ChoicesSamplingMethod:
+    """SGLang's base class of choice methods (`sglang.lang.choices.ChoicesSamplingMethod`).
+
+    A subclass defines `__call__(*, choices, normalized_prompt_logprobs, input_token_logprobs,
+    output_token_logprobs, unconditional_token_logprobs=None) -> ChoicesDecision` as in SGLang,
+    and may override the `requires_unconditional_logprobs` property. `select` wraps it with
+    `as_choices_method`; the entries it receives are `[logprob, None, None]` (token ids and
+    texts are not passed through the scoring protocol).
+    """
+
+    @property
+    def requires_unconditional_logprobs(self) -> bool:
+        """Whether the method needs each choice's logprobs without the prompt."""
+        return False
+
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: list[list[Any]],
+        output_token_logprobs: list[list[Any]],
+        unconditional_token_logprobs: list[list[Any]] | None = None,
+    ) -> ChoicesDecision:
+        raise NotImplementedError(f"{type(self).__name__} must define __call__")
+
+
+class SglangStyleMethod(ChoicesMethod):
+    """Runs an SGLang-style choice method (SGLang's keyword arguments) as a `ChoicesMethod`."""
+
+    def __init__(self, method: Any) -> None:
+        self.method = method
+        self.name = type(method).__name__
+        self.requires_unconditional_logprobs = bool(
+            getattr(method, "requires_unconditional_logprobs", False)
+        )
+
+    def __call__(self, *, choices, token_logprobs, unconditional_token_logprobs=None):
+        normalized = normalized_logprobs(token_logprobs)
+        uncond = None
+        if unconditional_token_logprobs is not None:
+            uncond = logprob_entries(unconditional_token_logprobs)
+        out = self.method(
+            choices=list(choices),
+            normalized_prompt_logprobs=normalized,
+            input_token_logprobs=logprob_entries(token_logprobs),
+            output_token_logprobs=[[] for _ in choices],
+            unconditional_token_logprobs=uncond,
+        )
+        decision = getattr(out, "decision", None)
+        if decision not in choices:
+            raise ValueError(
+                f"choices_method {self.name} returned {out!r}; it must return "
+                f"ChoicesDecision(decision=<one of {list(choices)}>, meta_info=...)"
+            )
+        meta = _meta(choices, token_logprobs, normalized, list(choices).index(decision))
+        meta.update(getattr(out, "meta_info", None) or {})
+        return ChoicesDecision(decision, meta)
+
+
+def as_choices_method(method: Any) -> ChoicesMethod:
+    """`method` as a `ChoicesMethod`: one of ours, or an SGLang-style one wrapped."""
+    if isinstance(method, ChoicesSamplingMethod) or (
+        callable(method) and _takes_sglang_arguments(method)
+    ):
+        return SglangStyleMethod(method)
+    if isinstance(method, ChoicesMethod):
+        return method
+    raise ValueError(
+        "choices_method must be sgl.token_length_normalized, sgl.greedy_token_selection, "
+        "sgl.unconditional_likelihood_normalized, or an SGLang-style ChoicesSamplingMethod "
+        f"(a __call__ taking choices=, normalized_prompt_logprobs=, ...); got {method!r}"
+    )
+
+
+def _takes_sglang_arguments(method: Any) -> bool:
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return "normalized_prompt_logprobs" in params
 
 
 token_length_normalized = TokenLengthNormalized()

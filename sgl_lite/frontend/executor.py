@@ -13,12 +13,13 @@ is a facade over it, and nothing else reads its fields.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections import deque
 from typing import Any, NamedTuple
 
 from sgl_lite.frontend import ir, sampling
-from sgl_lite.frontend.backends.base import Backend
+from sgl_lite.frontend.backends.base import Backend, GenRequest, Prompt
 from sgl_lite.frontend.transcript import Transcript
 
 _NAMED = (ir.Gen, ir.Select, ir.VarScopeEnd, ir.SetVar)
@@ -30,11 +31,13 @@ class ProgramError(RuntimeError):
 
 class Event(NamedTuple):
     """Text a program produced: `var` is the variable it belongs to (None: outside any), and
-    `done` marks that variable as set (its event carries no text)."""
+    `done` marks that variable as set (its event carries no text); `meta` is the meta info
+    the backend had reported when the text came."""
 
     var: str | None
     text: str
     done: bool = False
+    meta: Any = None  # the generation's meta_info as of this text (None outside a gen)
 
 
 class Events(NamedTuple):
@@ -164,6 +167,14 @@ class Executor:
                     )
                 self._cond.wait()
 
+    def has_var(self, name: str) -> bool:
+        """Whether `name` is set, once the steps queued to set it have run (never blocks on a
+        variable that nothing queued sets)."""
+        with self._cond:
+            while self._pending.get(name) and self._error is None:
+                self._cond.wait()
+            return name in self._vars
+
     def get_meta_info(self, name: str) -> Any:
         """Meta info of the step that set `name` (waits like `get_var`)."""
         self.get_var(name)
@@ -244,14 +255,14 @@ class Executor:
             self._running = False
             self._cond.notify_all()
 
-    def _emit(self, var: str | None, text: str) -> None:
+    def _emit(self, var: str | None, text: str, meta: Any = None) -> None:
         with self._cond:
-            self._events.append(Event(var, text))
+            self._events.append(Event(var, text, meta=meta))
             self._cond.notify_all()
 
-    def _fill(self, text: str, var: str | None = None) -> None:
+    def _fill(self, text: str, var: str | None = None, meta: Any = None) -> None:
         self._t.fill(text)
-        self._emit(var, text)
+        self._emit(var, text, meta)
 
     def _set(self, name: str | None, value: Any, meta: Any) -> None:
         if name is None:
@@ -290,27 +301,45 @@ class Executor:
     def _gen(self, item: ir.Gen) -> None:
         request = sampling.resolve(item.sampling, self.defaults, self.backend.chat_template)
         prompt = self._t.prompt()
+        n = sampling.alternatives(item.sampling, self.defaults)
+        if n > 1:
+            self._gen_alternatives(item, prompt, request, n)
+            return
         if not self.stream:
             text, meta = self.backend.generate(prompt, request)
-            self._fill(text, item.name)
+            self._fill(text, item.name, meta)
         else:
             streamed, text, meta = "", "", {}
             stops = request.sampling_params.get("stop") or ()
             stops = [stops] if isinstance(stops, str) else stops
-            for text, meta in self.backend.generate_stream(prompt, request):  # noqa: B007
+            for text, meta in self.backend.generate_stream(prompt, request):
                 # NOTE: text that may be the start of a multi-token stop string is held back
                 # until the next chunk: the final text drops a stop string, and what was
                 # streamed must stay a prefix of it.
                 ready = text[: _unheld_len(text, stops)]
                 if ready.startswith(streamed) and len(ready) > len(streamed):
-                    self._fill(ready[len(streamed) :], item.name)
+                    self._fill(ready[len(streamed) :], item.name, meta)
                     streamed = ready
             if text.startswith(streamed) and len(text) > len(streamed):  # what was held back
-                self._fill(text[len(streamed) :], item.name)
+                self._fill(text[len(streamed) :], item.name, meta)
                 streamed = text
             if text != streamed:  # the final text trimmed what was streamed (a stop string)
                 self._t.text = self._t.text[: len(self._t.text) - len(streamed)] + text
         self._set(item.name, text, meta)
+
+    def _gen_alternatives(self, item: ir.Gen, prompt: Prompt, request: GenRequest, n: int) -> None:
+        """`gen(n=k)`: k samples of the same prompt, sent together so the engine batches them
+        (the prompt is prefilled once, by the prefix cache). As in SGLang, the variable is the
+        list of alternatives and the text continues with the first; the meta info is the
+        first's, with every alternative's under "alternatives"."""
+        # NOTE: one request per alternative rather than the engine's `n`: every backend
+        # (HTTP, OpenAI) can serve it, and each sample gets its own meta info.
+        with concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="sgl-gen-n") as pool:
+            results = list(pool.map(lambda _: self.backend.generate(prompt, request), range(n)))
+        texts = [r.text for r in results]
+        meta = {**results[0].meta_info, "alternatives": [dict(r.meta_info) for r in results]}
+        self._fill(texts[0], item.name, meta)
+        self._set(item.name, texts, meta)
 
 
 def _unheld_len(text: str, stops: Any) -> int:

@@ -16,10 +16,14 @@ from typing import Any
 from sgl_lite.frontend import ir
 from sgl_lite.frontend.backends.base import Backend
 from sgl_lite.frontend.executor import Executor, ProgramError
+from sgl_lite.frontend.stream_meta import incremental_meta
 
 __all__ = ["ProgramError", "ProgramState", "ProgramStateGroup"]
 
 _MISSING = object()
+# SGLang's `concate_and_append` appends the forks' KV caches; sgl_lite appends their text (the
+# radix cache finds the shared prefix again), SGLang's own fallback. `concate_joined` is ours.
+_JOIN_MODES = ("gather_variable", "concate_and_append", "concate_joined")
 
 
 class ProgramState:
@@ -34,12 +38,25 @@ class ProgramState:
         name: str = "program",
     ) -> None:
         self._exec = Executor(backend, defaults, stream=stream, name=name)
+        self._copied_by: ProgramStateGroup | None = None
+        # What the program's function returned (SGLang's `state.ret_value`), set by `run`.
+        self.ret_value: Any = None
 
     @classmethod
     def _over(cls, executor: Executor) -> ProgramState:
         state = cls.__new__(cls)
         state._exec = executor
+        state._copied_by = None
+        state.ret_value = None
         return state
+
+    @property
+    def stream_executor(self) -> Any:
+        """SGLang's internal executor object, which sgl_lite does not expose."""
+        raise NotImplementedError(
+            "ProgramState.stream_executor is SGLang's internal; use the public methods: "
+            "s.text(), s.variables(), s.meta_infos(), s.messages(), s.sync(), s.error()"
+        )
 
     @property
     def backend(self) -> Backend:
@@ -72,6 +89,10 @@ class ProgramState:
         return self._exec.get_var(name)
 
     __getitem__ = get_var
+
+    def __contains__(self, name: object) -> bool:
+        """`"x" in s`: whether variable `x` is set (waiting for the steps queued to set it)."""
+        return isinstance(name, str) and self._exec.has_var(name)
 
     def get_meta_info(self, name: str) -> dict[str, Any] | None:
         """Meta info of the step that set `name` (tokens, cached tokens, finish reason, scores)."""
@@ -154,9 +175,27 @@ class ProgramState:
         children = [ProgramState._over(self._exec.fork_child()) for _ in range(size)]
         return ProgramStateGroup(children, self)
 
-    def copy(self) -> ProgramState:
-        """A fork of one."""
-        return self.fork(1)[0]
+    def copy(self, position_ids_offset: Any = None) -> ProgramState:
+        """A fork of one. Also a `with` block, as in SGLang: `with s.copy() as c:` joins the
+        copy's variables back into `s` (gather_variable) when the block ends."""
+        group = self.fork(1, position_ids_offset)
+        child = group[0]
+        child._copied_by = group
+        return child
+
+    def __enter__(self) -> ProgramState:
+        if self._copied_by is None:
+            raise TypeError("only s.copy() is a `with` block; use `with s.user():` for roles")
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        group, self._copied_by = self._copied_by, None
+        if group is None:
+            return
+        if exc_type is None:
+            group.join()
+        else:  # NOTE: the block's exception propagates; a join error must not replace it
+            self.close()
 
     # --- running ----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -201,13 +240,47 @@ class ProgramState:
     async def text_async_iter(
         self, var_name: str | None = None, return_meta_data: bool = False
     ) -> AsyncIterator[Any]:
-        """`text_iter` for asyncio code (the waiting happens off the event loop)."""
+        """`text_iter` for asyncio code (the waiting happens off the event loop).
+
+        With `return_meta_data=True` and a variable, yields `(chunk, meta_info)` pairs as
+        SGLang does: each chunk with the meta info reported so far, the last with the
+        variable's final meta info (finish reason, token counts). Output logprob lists hold
+        only the entries new since the previous pair, and `output_token_logprobs_length`
+        counts them all (SGLang's streaming meta).
+        """
         sentinel = object()
-        chunks = self.text_iter(var_name)
-        while (chunk := await asyncio.to_thread(next, chunks, sentinel)) is not sentinel:
-            yield chunk
-        if return_meta_data and var_name is not None:
-            yield self.get_meta_info(var_name)
+        if not (return_meta_data and var_name is not None):
+            chunks = self.text_iter(var_name)
+            while (chunk := await asyncio.to_thread(next, chunks, sentinel)) is not sentinel:
+                yield chunk
+            return
+        pairs = self._meta_iter(var_name)
+        sent: dict[str, int] = {}
+        held = None  # one pair is held back so the last can carry the final meta info
+        while (pair := await asyncio.to_thread(next, pairs, sentinel)) is not sentinel:
+            if held is not None:
+                yield held[0], incremental_meta(held[1], sent)
+            held = pair
+        if held is not None:
+            final = self._exec.meta_infos().get(var_name) or held[1]
+            yield held[0], incremental_meta(final, sent)
+
+    def _meta_iter(self, var_name: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        i, meta = 0, {}
+        while True:
+            new, i, finished, error = self._exec.wait_events(i)
+            for event in new:
+                if event.var != var_name:
+                    continue
+                if event.done:
+                    return
+                meta = event.meta if event.meta else meta
+                if event.text:
+                    yield event.text, dict(meta)
+            if finished:
+                if error is not None:
+                    raise self._exec.program_error("stream ended") from error
+                return
 
     def __repr__(self) -> str:
         return f"ProgramState({self._exec.text!r})"
@@ -228,6 +301,19 @@ class ProgramStateGroup:
 
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        # NOTE: `forks[i] += expr` adds to forks[i] in place, then assigns it back here.
+        if value is not self.states[i]:
+            raise ValueError(
+                f"forks[{i}] = ... can only store fork {i} itself (as `forks[{i}] += expr` "
+                "does); a fork group cannot take a different state"
+            )
+
+    @property
+    def src_state(self) -> ProgramState:
+        """The state that forked (SGLang's name for `parent`)."""
+        return self.parent
 
     def __iter__(self) -> Iterator[ProgramState]:
         return iter(self.states)
@@ -258,14 +344,18 @@ class ProgramStateGroup:
         """Waits for every fork and brings results back into the parent.
 
         `gather_variable`: each variable the forks set becomes a list in the parent (meta info
-        too). `concate_joined`: the forks' new text is appended to the parent's text.
+        too). `concate_and_append` (SGLang's name; `concate_joined` is an alias): the forks'
+        new text is appended to the parent's text, fork by fork.
         """
-        if mode not in ("gather_variable", "concate_joined"):
-            raise ValueError(f"join(mode={mode!r}): use 'gather_variable' or 'concate_joined'")
+        if mode not in _JOIN_MODES:
+            raise ValueError(
+                f"join(mode={mode!r}): use 'gather_variable' or 'concate_and_append' "
+                "(alias 'concate_joined')"
+            )
         for state in self.states:
             state.close()
             state.raise_for_error("a fork failed")
-        if mode == "concate_joined":
+        if mode != "gather_variable":
             self.parent += "".join(s.text()[self._base_len :] for s in self.states)
             return
         forks = [(s.variables(), s.meta_infos()) for s in self.states]

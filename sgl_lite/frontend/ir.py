@@ -52,6 +52,7 @@ class SamplingArgs:
     n: int | None = None
     stop: str | tuple[str, ...] | None = None
     stop_token_ids: tuple[int, ...] | None = None
+    stop_regex: str | tuple[str, ...] | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

@@ -52,6 +52,8 @@ class SglFunction:
         self.num_api_spec_tokens = num_api_spec_tokens
         self.bind_arguments = dict(bind_arguments or {})
         self.arg_names = [p.name for p in params[1:]]
+        self.arg_defaults = [p.default for p in params[1:] if p.default is not p.empty]
+        self.pin_prefix_rid = None  # SGLang's attribute; prefixes are cached, never pinned
         self._signature = inspect.signature(func)
         self.__doc__ = func.__doc__
 
@@ -76,10 +78,18 @@ class SglFunction:
         return self.run(*args, **kwargs)
 
     def run(
-        self, *args: Any, stream: bool = False, backend: Backend | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        stream: bool = False,
+        backend: Backend | None = None,
+        use_thread: bool = True,
+        **kwargs: Any,
     ) -> ProgramState:
-        """Runs the program once; run() keywords (max_new_tokens, temperature, ...) are the
-        defaults of every gen() in it. With stream=True returns at once (use text_iter)."""
+        """Runs the program once; run() keywords (max_new_tokens, stop_regex, n, temperature,
+        ...) are the defaults of every gen() in it. With stream=True returns at once (use
+        text_iter). What the function returns is `state.ret_value`. `use_thread` is SGLang's
+        and changes nothing: the program's Python always runs in the caller's thread (or a
+        thread of its own when streaming) and its steps on a worker."""
         defaults, arguments = self._split(kwargs)
         backend = _resolve_backend(backend)
         state = ProgramState(backend, defaults, stream=stream, name=self.name)
@@ -108,6 +118,7 @@ class SglFunction:
         """
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of kwargs dicts, one per program")
+        batch_kwargs = [self._as_kwargs(i, a) for i, a in enumerate(batch_kwargs)]
         defaults, extra = self._split(kwargs)
         if extra:
             raise TypeError(
@@ -120,7 +131,8 @@ class SglFunction:
             if not isinstance(arguments, dict):
                 raise TypeError(
                     f"run_batch item {i} is a {type(arguments).__name__}; "
-                    "each item must be a dict of the program's arguments"
+                    "each item must be a dict (or a list of positional values) of the program's "
+                    "arguments"
                 )
             state = ProgramState(backend, defaults, name=f"{self.name}[{i}]")
             states.append(state)
@@ -136,12 +148,31 @@ class SglFunction:
         done = self._progress(states, futures, progress_bar)
         return done if generator_style else list(done)
 
+    def cache(self, backend: Backend | None = None) -> str:
+        """Prefills the program's constant prefix (SGLang's `cache`); returns that prefix."""
+        backend = _resolve_backend(backend)
+        prefix = trace_prefix(self, backend.chat_template, self.bind_arguments)
+        if prefix:
+            backend.cache_prefix(prefix)
+        return prefix
+
     def trace(self, backend: Backend | None = None, **kwargs: Any) -> str:
         """The constant text this program starts with, whatever its arguments."""
         backend = _resolve_backend(backend)
         return trace_prefix(self, backend.chat_template, kwargs)
 
     # --- helpers ----------------------------------------------------------------------------
+    def _as_kwargs(self, i: int, arguments: Any) -> Any:
+        """A run_batch item as kwargs: SGLang also takes a list/tuple of positional values."""
+        if not isinstance(arguments, (list, tuple)):
+            return arguments
+        if len(arguments) > len(self.arg_names):
+            raise TypeError(
+                f"run_batch item {i} has {len(arguments)} values; {self.name} takes "
+                f"{self.arg_names}"
+            )
+        return dict(zip(self.arg_names, arguments))
+
     def _split(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         run_args = {k: v for k, v in kwargs.items() if k in sampling.RUN_ARGS}
         other = {k: v for k, v in kwargs.items() if k not in sampling.RUN_ARGS}
@@ -158,7 +189,7 @@ class SglFunction:
     def _body(self, state: ProgramState, bound: inspect.BoundArguments, reraise: bool) -> None:
         try:
             with state.body():
-                self.func(*bound.args, **bound.kwargs)
+                state.ret_value = self.func(*bound.args, **bound.kwargs)
         except BaseException:
             if reraise:
                 raise

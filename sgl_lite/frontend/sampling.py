@@ -19,8 +19,10 @@ from sgl_lite.frontend.chat_template import ChatTemplate
 GLOBAL_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 128,
     "min_new_tokens": None,
+    "n": 1,
     "stop": (),
     "stop_token_ids": (),
+    "stop_regex": (),
     "temperature": 1.0,
     "top_p": 1.0,
     "top_k": -1,
@@ -40,6 +42,14 @@ _GEN_TO_RUN = {
     gen_name: name for name, gen_name in OPENAI_SPELLINGS.items() if gen_name in ir.SAMPLING_FIELDS
 }
 _DTYPE_STOPS = (" ", "\n")
+
+
+def alternatives(args: ir.SamplingArgs, defaults: dict[str, Any]) -> int:
+    """How many alternatives one gen() samples: its `n`, else the run() default (1)."""
+    n = args.n if args.n is not None else defaults.get("n") or 1
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r}: the number of alternatives must be an int >= 1")
+    return n
 
 
 def run_defaults(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -66,6 +76,9 @@ def resolve(args: ir.SamplingArgs, defaults: dict[str, Any], template: ChatTempl
     stops += [s for s in template.stop_str if s not in stops]
     params["stop"] = stops
     params["stop_token_ids"] = list(params.get("stop_token_ids") or ())
+    stop_regex = params.pop("stop_regex", None) or ()
+    if stop_regex:  # NOTE: only when set: backends that have no stop_regex never see the key
+        params["stop_regex"] = [stop_regex] if isinstance(stop_regex, str) else list(stop_regex)
     logprob = {k: params.pop(k) for k in LOGPROB_OPTION_NAMES}
     sampling = {k: v for k, v in params.items() if v is not None}
     return GenRequest(

@@ -70,7 +70,7 @@ def test_dtype_becomes_a_regex_and_adds_the_dtype_stops():
         (lambda: sgl.gen("x", regex="a", json_schema="{}"), "at most one"),
         (lambda: sgl.gen("x", json_schema="{not json"), "not valid JSON"),
         (lambda: sgl.gen("x", dtype=list), "dtype"),
-        (lambda: sgl.gen("x", n=2), "fork"),
+        (lambda: sgl.gen("x", n=0), "must be an int >= 1"),
         (lambda: sgl.gen(5), "variable name"),
         (lambda: sgl.select("x"), "needs choices"),
         (lambda: sgl.select("x", choices=[]), "needs choices"),

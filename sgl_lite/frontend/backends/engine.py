@@ -89,10 +89,11 @@ class EngineBackend(Backend):
             return_logprob=True,
             logprob_start_len=start,
         )
-        scored = []
+        scored, choice_entries = [], []
         for t, out in zip(toks, outs):
             entries = out["meta_info"]["input_token_logprobs"]
             entries = _align(entries, t.ids, start)[t.start - start :]
+            choice_entries.append([list(e) for e in entries])
             scored.append(logprob_values(entries))
         uncond = None
         if method.requires_unconditional_logprobs:
@@ -107,6 +108,8 @@ class EngineBackend(Backend):
                 "choice_tokens": [len(t.ids) - t.start for t in toks],
                 "boundary_merged": [t.merged for t in toks],
                 "cached_tokens": [o["meta_info"].get("cached_tokens") for o in outs],
+                # SGLang's key, with the token ids the engine scored
+                "input_token_logprobs": choice_entries,
             }
         )
         return ChoicesDecision(decision.decision, meta)

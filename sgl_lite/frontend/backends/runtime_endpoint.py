@@ -28,6 +28,14 @@ from sgl_lite.frontend.choices import (
 _WINDOW = 8  # tokens before the prefix's end that a choice's first token may merge into
 
 
+_STREAMED_LOGPROB_KEYS = (
+    "input_token_logprobs",
+    "output_token_logprobs",
+    "input_top_logprobs",
+    "output_top_logprobs",
+)
+
+
 class RuntimeEndpoint(Backend):
     """`RuntimeEndpoint("http://localhost:30000", api_key=None)`."""
 
@@ -116,6 +124,9 @@ class RuntimeEndpoint(Backend):
         resp = self._send(
             "POST", "/generate", {**self._body(prompt, request), "stream": True}, stream=True
         )
+        # NOTE: SGLang's server streams only the new entries of each logprob list; the Backend
+        # protocol reports them cumulatively (the last result has the full meta).
+        seen: dict[str, list] = {}
         for line in resp.iter_lines(decode_unicode=True):
             if not line or not line.startswith("data:"):
                 continue
@@ -125,7 +136,12 @@ class RuntimeEndpoint(Backend):
             chunk = json.loads(data)
             if "error" in chunk:
                 raise RuntimeError(f"server error while streaming: {chunk['error']}")
-            yield GenResult(chunk["text"], chunk.get("meta_info", {}))
+            meta = dict(chunk.get("meta_info", {}))
+            for key in _STREAMED_LOGPROB_KEYS:
+                if isinstance(meta.get(key), list):
+                    seen[key] = seen.get(key, []) + meta[key]
+                    meta[key] = list(seen[key])
+            yield GenResult(chunk["text"], meta)
 
     def cache_prefix(self, text: str) -> None:
         self._generate({"text": text, "sampling_params": {"max_new_tokens": 0}})
@@ -153,7 +169,7 @@ class RuntimeEndpoint(Backend):
                 "logprob_start_len": window,
             }
         )
-        scored, choice_ids = [], []
+        scored, choice_ids, choice_entries = [], [], []
         for out in outs:
             entries = out["meta_info"]["input_token_logprobs"]
             ids = [e[1] for e in entries]
@@ -161,6 +177,7 @@ class RuntimeEndpoint(Backend):
             start = min(start, len(entries) - 1)
             scored.append(logprob_values(entries[start:]))
             choice_ids.append(ids[start:])
+            choice_entries.append([list(e) for e in entries[start:]])
         uncond = None
         if method.requires_unconditional_logprobs:
             res = self._generate(
@@ -178,6 +195,7 @@ class RuntimeEndpoint(Backend):
         meta = dict(decision.meta_info)
         meta["prompt_tokens"] = len(prefix_ids)
         meta["cached_tokens"] = [o["meta_info"].get("cached_tokens") for o in outs]
+        meta["input_token_logprobs"] = choice_entries  # SGLang's key, with the server's ids
         return ChoicesDecision(decision.decision, meta)
 
     # --- admin --------------------------------------------------------------------------------
