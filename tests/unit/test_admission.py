@@ -9,26 +9,14 @@ import pytest
 
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.errors import InvalidRequest, QueueFull
-from tests.unit.fakes import ByteTokenizer, FakeRunner
+from tests.unit.fakes import ByteTokenizer, SlowRunner
 
 POOL = 2048
 
 
-class SlowRunner(FakeRunner):
-    """A forward pass takes `delay` seconds, so requests stay running and queued a while."""
-
-    def __init__(self, delay: float) -> None:
-        super().__init__(num_slots=POOL, next_token=lambda seq: ord("a"))
-        self.delay = delay
-
-    def forward(self, segments):
-        time.sleep(self.delay)
-        return super().forward(segments)
-
-
 def make(delay: float = 0.01, **config) -> Engine:
     return Engine(
-        runner=SlowRunner(delay),
+        runner=SlowRunner(delay, POOL),
         tokenizer=ByteTokenizer(),
         device="cpu",
         max_total_tokens=POOL,

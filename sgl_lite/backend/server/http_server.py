@@ -196,6 +196,7 @@ def create_app(
             logprob_start_len=req.logprob_start_len,
             top_logprobs_num=req.top_logprobs_num,
             return_text_in_logprobs=req.return_text_in_logprobs,
+            timeout=req.timeout,
         )
         if not req.stream:
             results = [sglang05_meta(r) for r in await bridge.collect(sub, request)]

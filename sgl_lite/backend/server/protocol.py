@@ -10,16 +10,27 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from sgl_lite.backend.errors import InvalidRequest
 from sgl_lite.backend.outputs import FinishReason
 from sgl_lite.common import SAMPLING_PARAM_NAMES
+
+# Seconds a request may wait and run before it is aborted (sgl_lite's extension of both APIs).
+Timeout = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
 
 
 class _Wire(BaseModel):
@@ -41,6 +52,7 @@ class GenerateRequest(_Wire):
     return_text_in_logprobs: StrictBool = False
     stream: StrictBool = False
     rid: StrictStr | list[StrictStr] | None = None
+    timeout: Timeout | None = None
 
 
 class AbortRequest(_Wire):
@@ -80,6 +92,7 @@ class _SamplingFields(_Wire):
     regex: StrictStr | None = None
     json_schema: StrictStr | dict[str, Any] | None = None
     rid: StrictStr | None = None
+    timeout: Timeout | None = None
 
     def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
         """SGLang sampling params for the engine (it checks the values)."""
@@ -192,21 +205,31 @@ class ApiError(Exception):
     """An error answered with `error_body` and an HTTP status."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, type: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
+        self.headers = headers
         self.type = type or {
             400: "BadRequestError",
             401: "AuthenticationError",
             404: "NotFoundError",
             413: "RequestTooLargeError",
+            429: "RateLimitError",
+            503: "ServiceUnavailableError",
         }.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
 
     def response(self) -> JSONResponse:
         return JsonResponse(
             error_body(self.message, type=self.type, param=self.param, code=self.status),
             status_code=self.status,
+            headers=self.headers,
         )
 
 
