@@ -133,3 +133,46 @@ def test_bad_timeout_is_a_400_naming_the_field(served, path, body):
     response = httpx.post(f"{url}{path}", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "timeout"
+
+
+def _fill_queue(url: str) -> list[threading.Thread]:
+    """One long request running and two queued: the queue is full until they finish."""
+
+    def post(n: int) -> None:
+        httpx.post(f"{url}/generate", json={"text": "q", "sampling_params": params(n)}, timeout=60)
+
+    threads = [threading.Thread(target=post, args=(60,))]
+    threads[0].start()
+    wait_until(url, "num_running_reqs", 1)
+    threads += [threading.Thread(target=post, args=(2,)) for _ in range(2)]
+    for t in threads[1:]:
+        t.start()
+    wait_until(url, "num_queued_reqs", 2)
+    return threads
+
+
+def _rejected(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("sgl_lite_rejected_requests_total "):
+            return float(line.split()[1])
+    raise AssertionError("no rejected-requests counter in /metrics")
+
+
+def test_runtime_endpoint_retries_an_overloaded_server_until_it_has_room(served):
+    from sgl_lite.frontend.backends.base import GenRequest, Prompt
+    from sgl_lite.frontend.backends.runtime_endpoint import RuntimeEndpoint
+
+    engine, url = served
+    patient = RuntimeEndpoint(url, backoff=0.05, overload_retries=20, max_backoff=0.2)
+    impatient = RuntimeEndpoint(url, overload_retries=0)
+    request = GenRequest(sampling_params=params(3))
+    threads = _fill_queue(url)
+    before = _rejected(url)
+    with pytest.raises(RuntimeError, match="HTTP 503"):
+        impatient.generate(Prompt(text="x"), request)
+    result = patient.generate(Prompt(text="x"), request)
+    assert result.meta_info["completion_tokens"] == 3
+    assert _rejected(url) >= before + 2  # the impatient one's refusal and the patient one's
+    for t in threads:
+        t.join(timeout=60)
+    assert_nothing_leaked(engine, url)
