@@ -67,24 +67,26 @@ class StreamOptions(_Wire):
 
 
 class _SamplingFields(_Wire):
-    """The sampling fields /v1/completions and /v1/chat/completions share (with SGLang's extras)."""
+    """The sampling fields /v1/completions and /v1/chat/completions share (with SGLang's extras).
+
+    Numbers are strict (an int is a number, `true` is not), as the published spec says."""
 
     model: StrictStr | None = None
     n: StrictInt = Field(1, ge=1, le=64)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, le=2, strict=True)
+    top_p: float = Field(1.0, gt=0, le=1, strict=True)
     stop: StrictStr | list[StrictStr] | None = None
     stop_regex: StrictStr | list[StrictStr] | None = None
     seed: StrictInt | None = None
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2, strict=True)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, strict=True)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     # SGLang's extensions
     top_k: StrictInt = -1
-    min_p: float = Field(0.0, ge=0, le=1)
+    min_p: float = Field(0.0, ge=0, le=1, strict=True)
     min_tokens: StrictInt = Field(0, ge=0)
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = Field(1.0, strict=True)
     stop_token_ids: list[StrictInt] | None = None
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
