@@ -92,7 +92,7 @@ contract = schemathesis.openapi.from_dict(_published_spec())
 
 @contract.parametrize()
 @settings(
-    max_examples=5,
+    max_examples=4,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     derandomize=True,

@@ -122,3 +122,21 @@ def test_sigint_on_an_idle_server_exits_0_at_once(server):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0, proc.stdout.read()
     assert time.monotonic() - started < 10
+
+
+def test_overload_and_shutdown_flags_reach_the_engine_and_the_server():
+    import uvicorn
+
+    from sgl_lite.backend.server.lifecycle import DrainingServer
+    from sgl_lite.launch_server import build_parser, engine_kwargs
+
+    flags = ["--max-queued-requests", "8", "--request-timeout", "2.5", "--shutdown-timeout", "4"]
+    args = build_parser().parse_args(flags)
+    kwargs = engine_kwargs(args)
+    assert kwargs["max_queued_requests"] == 8 and kwargs["request_timeout"] == 2.5
+    assert args.shutdown_timeout == 4.0
+    assert build_parser().parse_args([]).shutdown_timeout == 30.0
+    server = DrainingServer(uvicorn.Config(app=None), engine=None, shutdown_timeout=4.0)
+    assert server.config.timeout_graceful_shutdown > 4  # room to deliver the aborted answers
+    with pytest.raises(ValueError, match="shutdown_timeout"):
+        DrainingServer(uvicorn.Config(app=None), engine=None, shutdown_timeout=-1)

@@ -132,7 +132,11 @@ _ERRORS = {
     "503": "native routes: the queue is full, or the engine could not generate",
 }
 # stream=true: each server-sent event's `data` is one chunk as JSON, the last one "[DONE]"
-_SSE_EVENT = {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {"data": {"type": "string"}},
+    "required": ["data"],
+}
 _TEXT_ROUTES = {"/metrics": "text/plain", "/health": None}
 
 
@@ -170,11 +174,11 @@ def _describe(
     }
     if path in _TEXT_ROUTES:
         kind = _TEXT_ROUTES[path]
-        content = {kind: {"schema": {"type": "string"}}} if kind else None
-        responses["200"] = {"description": "OK", **({"content": content} if content else {})}
+        text = {kind: {"schema": {"type": "string"}}} if kind else None
+        responses["200"] = {"description": "OK", **({"content": text} if text else {})}
     elif route is not None:
         body, answer, streams = route
-        content = {"application/json": {"schema": _schema(answer, components)}}
+        content: dict[str, Any] = {"application/json": {"schema": _schema(answer, components)}}
         if streams:
             content["text/event-stream"] = {"schema": _SSE_EVENT}
         responses["200"] = {"description": "OK", "content": content}
