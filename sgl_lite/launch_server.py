@@ -59,6 +59,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest request body accepted (default 32 MiB); larger gets 413",
     )
     p.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="past this many waiting requests, new ones get 503 (native) / 429 (OpenAI)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        help="abort a request that waits and runs longer than this many seconds",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, seconds in-flight requests get to finish before they are aborted",
+    )
+    p.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
     return p
@@ -78,6 +96,8 @@ _ENGINE_FLAGS = (
     "device",
     "dtype",
     "random_seed",
+    "max_queued_requests",
+    "request_timeout",
 )
 
 
@@ -100,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     from sgl_lite.backend.engine import Engine
     from sgl_lite.backend.server import create_app
     from sgl_lite.backend.server.http_server import DEFAULT_MAX_BODY_BYTES
+    from sgl_lite.backend.server.lifecycle import DrainingServer
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -128,16 +149,14 @@ def main(argv: list[str] | None = None) -> None:
         served_model_name=args.served_model_name,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
     )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            access_log=args.log_level == "debug",
-            timeout_graceful_shutdown=5,
-        )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.log_level == "debug",
     )
+    server = DrainingServer(config, engine, args.shutdown_timeout)
     url = f"http://{args.host}:{args.port}"
 
     def announce() -> None:

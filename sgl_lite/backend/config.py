@@ -47,6 +47,9 @@ class EngineConfig:
     grammar_compile_timeout: float = 10.0
     random_seed: int = 0
     log_level: str = "info"
+    # Overload and deadlines: None = unbounded queue / no deadline.
+    max_queued_requests: int | None = None
+    request_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not self.device:
@@ -76,6 +79,10 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
         if self.grammar_compile_timeout <= 0:
             raise ValueError("grammar_compile_timeout must be > 0 seconds")
 

@@ -15,7 +15,6 @@ drives any runner with `forward(segments) -> ForwardOutput`, `pool`, `vocab_size
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
@@ -26,9 +25,11 @@ from typing import Any, Protocol
 
 import torch
 
+from sgl_lite.backend.admission import Admission
 from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.detokenizer import IncrementalDetokenizer
+from sgl_lite.backend.engine_info import engine_info
 from sgl_lite.backend.errors import EngineError, InvalidRequest
 from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.model_runner import ForwardOutput, Segment
@@ -112,6 +113,7 @@ class Engine:
             context_length=runner.context_length,
             pool_size=runner.pool.num_slots,
         )
+        self.admission = Admission(config.max_queued_requests, config.request_timeout)
         self.forward_passes = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, OutputSink] = {}
@@ -153,12 +155,15 @@ class Engine:
         with stream=True every step's output goes to `sink`, else only the last one).
 
         `sink` is called on the loop thread with each `ReqOutput` and must not block. Raises
-        `InvalidRequest` naming the field for bad input; nothing is queued then.
+        `InvalidRequest` naming the field for bad input, `QueueFull` past max_queued_requests;
+        nothing is queued then. `timeout` (seconds) aborts the requests still unfinished then.
         """
         if self._stopped:
             raise EngineError("the engine has been shut down")
+        timeout = request.pop("timeout", None)
         groups, batched = self.builder.build(**generate_args(**request))
         reqs = [r for group in groups for r in group]
+        self.admission.admit([r.rid for r in reqs], timeout)
         self._inbox.put(("add", (reqs, sink)))
         return Submission(
             tuple(r.rid for r in reqs), tuple(tuple(r.rid for r in g) for g in groups), batched
@@ -175,6 +180,7 @@ class Engine:
         return_text_in_logprobs: bool = False,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        timeout: float | None = None,
     ) -> Any:
         """Generates for one prompt (→ dict) or a list (→ list of dicts, one per prompt × n).
 
@@ -193,6 +199,7 @@ class Engine:
             return_text_in_logprobs=return_text_in_logprobs,
             stream=stream,
             rid=rid,
+            timeout=timeout,
         )
         collector = ResultCollector(sub, self.abort)
         if stream:
@@ -201,10 +208,11 @@ class Engine:
 
     async def async_generate(self, *args: Any, **kwargs: Any) -> Any:
         """`generate` for asyncio code (no thread waits); with stream=True an async iterator."""
+        timeout = kwargs.pop("timeout", None)
         request = generate_args(*args, **kwargs)
         channel = AsyncChannel()
         # Tokenizing and validating run off the event loop; waiting for outputs costs nothing.
-        sub = await asyncio.to_thread(self.submit, channel.put, **request)
+        sub = await asyncio.to_thread(self.submit, channel.put, **request, timeout=timeout)
         collector = ResultCollector(sub, self.abort)
         if request["stream"]:
             return collector.aiterate(channel)
@@ -214,13 +222,17 @@ class Engine:
         """Aborts a request by id; its slots are freed and its caller gets finish_reason abort."""
         self._inbox.put(("abort", rid))
 
+    def abort_all(self, message: str) -> int:
+        """Aborts every queued and running request with `message`; returns how many."""
+        return self._call(lambda: self._abort_all(FinishReason.abort(message)))
+
     def flush_cache(self) -> bool:
         """Empties the radix cache; False (and nothing done) while requests are running."""
         return self._call(lambda: not self.scheduler.has_work and self.cache.flush())
 
     def get_server_info(self) -> dict[str, Any]:
         """Config, pool usage and cache statistics."""
-        return self._call(self._server_info)
+        return self._call(lambda: engine_info(self))
 
     def check_integrity(self) -> None:
         """Asserts the slot invariant (free + cached + in use == total) on the loop thread."""
@@ -257,6 +269,9 @@ class Engine:
             if self._stopped:
                 break
             self._poll_grammars()
+            for rid, seconds in self.admission.expired():
+                if (req := self._reqs.get(rid)) is not None:
+                    self._abort(req, FinishReason.abort(f"request timed out after {seconds:g} s"))
             try:
                 idle = self.step() is None
             except Exception as exc:
@@ -270,8 +285,13 @@ class Engine:
         # Requests submitted while stopping are answered too: nobody waits on a dead loop.
         self._drain_inbox(block=False)
         error = EngineError("engine shut down")
-        for req in list(self._reqs.values()):
-            self._abort(req, FinishReason.abort(str(error), error))
+        self._abort_all(FinishReason.abort(str(error), error))
+
+    def _abort_all(self, reason: FinishReason) -> int:
+        reqs = list(self._reqs.values())
+        for req in reqs:
+            self._abort(req, reason)
+        return len(reqs)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -328,6 +348,7 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch is None:
             return None
+        self.admission.started(batch.reqs)
         output = self.runner.forward(batch.segments)
         self.forward_passes += 1
         samples = self.sampler.sample(batch, output)
@@ -378,6 +399,7 @@ class Engine:
         sink = self._sinks.pop(req.rid, None) if final else self._sinks.get(req.rid)
         if final:
             self._reqs.pop(req.rid, None)
+            self.admission.ended(req.rid)
         if sink is not None:
             try:
                 sink(out)
@@ -386,25 +408,3 @@ class Engine:
                 if not final:
                     self._sinks.pop(req.rid, None)
                     self.abort(req.rid)
-
-    def _server_info(self) -> dict[str, Any]:
-        cache, pool, scheduler = self.cache, self.runner.pool, self.scheduler
-        return {
-            **dataclasses.asdict(self.config),
-            "model_path": str(self.model_folder),
-            "context_length": self.context_length,
-            "num_threads": torch.get_num_threads(),
-            "kv_pool_bytes": pool.nbytes,
-            "pool_free_tokens": pool.num_free,
-            "pool_used_tokens": pool.num_slots - pool.num_free,
-            "cached_tokens": cache.tree.cached_tokens,
-            "evicted_tokens": cache.tree.evictions,
-            "cache_hit_tokens": scheduler.cache_hit_tokens,
-            "prompt_tokens_submitted": scheduler.prompt_tokens_admitted,
-            "cache_hit_rate": scheduler.cache_hit_tokens / max(scheduler.prompt_tokens_admitted, 1),
-            "num_running_reqs": len(scheduler.running),
-            "num_waiting_reqs": len(scheduler.waiting),
-            "max_running_batch_seen": scheduler.max_running_seen,
-            "preemptions": scheduler.preemptions,
-            "forward_passes": self.forward_passes,
-        }

@@ -18,3 +18,11 @@ class InvalidRequest(ValueError):
 
 class EngineError(RuntimeError):
     """The engine failed a request it had accepted (a step raised, or it shut down)."""
+
+
+class QueueFull(EngineError):
+    """The waiting queue is at `max_queued_requests`: nothing was queued; retry later."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -9,6 +9,7 @@ request that got wrong slots from the cache would produce different tokens.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 
 import torch
@@ -95,3 +96,16 @@ class FakeRunner:
         row[256:] -= 20.0
         row[self.next_token(seq)] += 8.0
         return row
+
+
+class SlowRunner(FakeRunner):
+    """A FakeRunner whose forward pass takes `delay` seconds and always predicts "a", so
+    requests stay queued and running long enough to be observed, bounded and timed out."""
+
+    def __init__(self, delay: float, num_slots: int = 2048) -> None:
+        super().__init__(num_slots=num_slots, next_token=lambda seq: ord("a"))
+        self.delay = delay
+
+    def forward(self, segments: list[Segment]) -> ForwardOutput:
+        time.sleep(self.delay)
+        return super().forward(segments)

@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import Request
 
-from sgl_lite.backend.errors import InvalidRequest
+from sgl_lite.backend.errors import InvalidRequest, QueueFull
 from sgl_lite.backend.outputs import AsyncChannel, FinishReason, ResultCollector
 from sgl_lite.backend.outputs import Submission as EngineSubmission
 from sgl_lite.backend.requests_builder import new_rid
@@ -71,9 +71,11 @@ class EngineBridge:
         sampling_params: Any = None,
         rid: Any = None,
         aliases: dict[str, str] | None = None,
+        overload_status: int = 503,
         **options: Any,
     ) -> Submission:
-        """Validates and queues a generate call; a 400 ApiError names the bad field."""
+        """Validates and queues a generate call; a 400 ApiError names the bad field, and a full
+        queue answers `overload_status` (503 native, 429 OpenAI) with Retry-After."""
         if (text is None) == (input_ids is None):
             raise ApiError(400, "give exactly one of text and input_ids", param="text")
         given = text if text is not None else input_ids
@@ -108,6 +110,11 @@ class EngineBridge:
         except InvalidRequest as exc:
             self._release(client_rids)
             raise error_for(exc, aliases) from None
+        except QueueFull as exc:
+            self._release(client_rids)
+            self.metrics.observe_rejected()
+            headers = {"Retry-After": str(exc.retry_after)}
+            raise ApiError(overload_status, str(exc), headers=headers) from None
         except BaseException:
             self._release(client_rids)
             raise

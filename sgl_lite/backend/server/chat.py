@@ -82,6 +82,8 @@ def add_chat_routes(
             return_logprob=req.logprobs,
             top_logprobs_num=req.top_logprobs or 0,
             return_text_in_logprobs=True,
+            overload_status=429,
+            timeout=req.timeout,
         )
         reply = _Reply("chatcmpl", "chat.completion", served_model_name, req.n)
         include_usage = req.stream_options and req.stream_options.include_usage

@@ -35,6 +35,7 @@ GENERATE_IMPLEMENTED = frozenset(
         "return_text_in_logprobs",
         "stream",
         "rid",
+        "timeout",  # sgl_lite's deadline in seconds
     }
 )
 GENERATE_NOOPS = frozenset(

@@ -25,6 +25,7 @@ from sgl_lite.backend.server.chat import add_chat_routes
 from sgl_lite.backend.server.compat import generate_body, sglang05_meta
 from sgl_lite.backend.server.metrics import CONTENT_TYPE, ServerMetrics
 from sgl_lite.backend.server.openai_api import add_openai_routes
+from sgl_lite.backend.server.openapi import install_openapi
 from sgl_lite.backend.server.protocol import (
     AbortRequest,
     ApiError,
@@ -96,9 +97,10 @@ def create_app(
     app = FastAPI(
         title="sgl_lite",
         default_response_class=JsonResponse,
-        docs_url=None,
+        version=_version(),
+        docs_url="/docs",
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
     )
     metrics = ServerMetrics(engine)
     bridge = EngineBridge(engine, metrics)
@@ -172,7 +174,8 @@ def create_app(
             }
         )
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.get("/flush_cache")
+    @app.post("/flush_cache")
     async def flush_cache() -> JSONResponse:
         if await bridge.call(engine.flush_cache):
             return JsonResponse({"success": True, "message": "Cache flushed."})
@@ -196,6 +199,7 @@ def create_app(
             logprob_start_len=req.logprob_start_len,
             top_logprobs_num=req.top_logprobs_num,
             return_text_in_logprobs=req.return_text_in_logprobs,
+            timeout=req.timeout,
         )
         if not req.stream:
             results = [sglang05_meta(r) for r in await bridge.collect(sub, request)]
@@ -220,6 +224,7 @@ def create_app(
             max_body_bytes=max_body_bytes,
         )
     add_tokenizer_routes(app, bridge, max_body_bytes=max_body_bytes)
+    install_openapi(app)
     routes = {getattr(r, "path", "") for r in app.routes}
     app.add_middleware(
         _Gate, api_key=api_key, max_body_bytes=max_body_bytes, metrics=metrics, routes=routes

@@ -20,6 +20,7 @@ _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
 _ENGINE_GAUGES = (
     ("sgl_lite_num_running_reqs", "Requests in the running batch", "num_running_reqs"),
     ("sgl_lite_num_waiting_reqs", "Requests waiting to be scheduled", "num_waiting_reqs"),
+    ("sgl_lite_num_queued_reqs", "Requests submitted, not yet scheduled", "num_queued_reqs"),
     (
         "sgl_lite_cache_hit_rate",
         "Prompt tokens served from the radix cache / prompt tokens",
@@ -94,6 +95,11 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=reg,
         )
+        self.rejected = Counter(
+            "sgl_lite_rejected_requests",
+            "Generation requests refused because the queue was full (503 / 429)",
+            registry=reg,
+        )
         reg.register(_EngineCollector(engine))
 
     def observe_first_token(self, seconds: float) -> None:
@@ -112,6 +118,10 @@ class ServerMetrics:
             self.e2e_latency.observe(meta["e2e_latency"])
         self.budget_closed.inc(bool(meta.get("budget_closed")))
         self.constraint_violations.inc(meta.get("constraint_violation") is not None)
+
+    def observe_rejected(self) -> None:
+        """Counts one request refused for overload."""
+        self.rejected.inc()
 
     def observe_http(self, route: str, status: int) -> None:
         """Counts one HTTP response."""

@@ -89,6 +89,8 @@ def add_openai_routes(
             logprob_start_len=0 if want_logprobs and req.echo else -1,
             top_logprobs_num=req.logprobs or 0,
             return_text_in_logprobs=True,
+            overload_status=429,
+            timeout=req.timeout,
         )
         reply = _Reply("cmpl", "text_completion", served_model_name, req.n)
         echo = (

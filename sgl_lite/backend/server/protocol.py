@@ -10,16 +10,27 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from sgl_lite.backend.errors import InvalidRequest
 from sgl_lite.backend.outputs import FinishReason
 from sgl_lite.common import SAMPLING_PARAM_NAMES
+
+# Seconds a request may wait and run before it is aborted (sgl_lite's extension of both APIs).
+Timeout = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
 
 
 class _Wire(BaseModel):
@@ -41,6 +52,7 @@ class GenerateRequest(_Wire):
     return_text_in_logprobs: StrictBool = False
     stream: StrictBool = False
     rid: StrictStr | list[StrictStr] | None = None
+    timeout: Timeout | None = None
 
 
 class AbortRequest(_Wire):
@@ -55,24 +67,26 @@ class StreamOptions(_Wire):
 
 
 class _SamplingFields(_Wire):
-    """The sampling fields /v1/completions and /v1/chat/completions share (with SGLang's extras)."""
+    """The sampling fields /v1/completions and /v1/chat/completions share (with SGLang's extras).
+
+    Numbers are strict (an int is a number, `true` is not), as the published spec says."""
 
     model: StrictStr | None = None
     n: StrictInt = Field(1, ge=1, le=64)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, le=2, strict=True)
+    top_p: float = Field(1.0, gt=0, le=1, strict=True)
     stop: StrictStr | list[StrictStr] | None = None
     stop_regex: StrictStr | list[StrictStr] | None = None
     seed: StrictInt | None = None
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2, strict=True)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, strict=True)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     # SGLang's extensions
     top_k: StrictInt = -1
-    min_p: float = Field(0.0, ge=0, le=1)
+    min_p: float = Field(0.0, ge=0, le=1, strict=True)
     min_tokens: StrictInt = Field(0, ge=0)
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = Field(1.0, strict=True)
     stop_token_ids: list[StrictInt] | None = None
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
@@ -80,6 +94,7 @@ class _SamplingFields(_Wire):
     regex: StrictStr | None = None
     json_schema: StrictStr | dict[str, Any] | None = None
     rid: StrictStr | None = None
+    timeout: Timeout | None = None
 
     def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
         """SGLang sampling params for the engine (it checks the values)."""
@@ -192,21 +207,31 @@ class ApiError(Exception):
     """An error answered with `error_body` and an HTTP status."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, type: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
+        self.headers = headers
         self.type = type or {
             400: "BadRequestError",
             401: "AuthenticationError",
             404: "NotFoundError",
             413: "RequestTooLargeError",
+            429: "RateLimitError",
+            503: "ServiceUnavailableError",
         }.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
 
     def response(self) -> JSONResponse:
         return JsonResponse(
             error_body(self.message, type=self.type, param=self.param, code=self.status),
             status_code=self.status,
+            headers=self.headers,
         )
 
 

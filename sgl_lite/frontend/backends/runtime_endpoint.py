@@ -1,8 +1,9 @@
 """RuntimeEndpoint: a backend speaking SGLang's native HTTP protocol (`POST /generate`).
 
 Works against an sgl_lite server or a real SGLang server. Connection errors are retried with
-exponential backoff; every request has a timeout. The server tokenizes, so select finds the
-choice's tokens by comparing the prefix's token ids with the joint tokenization's.
+exponential backoff, and so is an overloaded server's 429 / 503 (waiting at least its
+Retry-After, at most `max_backoff`); every request has a timeout. The server tokenizes, so select
+finds the choice's tokens by comparing the prefix's token ids with the joint tokenization's.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class RuntimeEndpoint(Backend):
         connect_timeout: float = 5.0,
         retries: int = 3,
         backoff: float = 0.5,
+        overload_retries: int = 5,
+        max_backoff: float = 30.0,
     ) -> None:
         import requests  # NOTE: on use, so `import sgl_lite` does not load it
 
@@ -57,6 +60,7 @@ class RuntimeEndpoint(Backend):
         self.api_key = api_key
         self.timeout = (connect_timeout, timeout)
         self.retries, self.backoff = retries, backoff
+        self.overload_retries, self.max_backoff = overload_retries, max_backoff
         self.model_info = self._call("GET", "/get_model_info")
         if isinstance(chat_template, str):
             chat_template = get_chat_template(chat_template)
@@ -70,7 +74,8 @@ class RuntimeEndpoint(Backend):
 
     def _send(self, method: str, path: str, body: Any = None, stream: bool = False) -> Any:
         requests = self._requests
-        for attempt in range(self.retries + 1):
+        failures = overloads = 0
+        while True:
             try:
                 resp = requests.request(
                     method,
@@ -80,20 +85,33 @@ class RuntimeEndpoint(Backend):
                     headers=self._headers(),
                     timeout=self.timeout,
                 )
-                break
             except requests.ConnectionError as exc:
-                if attempt == self.retries:
+                if failures == self.retries:
                     raise ConnectionError(
                         f"cannot reach the server at {self.base_url} ({exc.__class__.__name__}) "
                         f"after {self.retries + 1} tries: start one with `python -m "
                         "sgl_lite.launch_server --port 30000` or check the URL"
                     ) from exc
-                time.sleep(self.backoff * 2**attempt)
+                time.sleep(self._delay(failures))
+                failures += 1
+                continue
+            if resp.status_code in (429, 503) and overloads < self.overload_retries:
+                # The server is overloaded: nothing was queued, so the request is safe to resend.
+                wait = min(max(_retry_after(resp), self._delay(overloads)), self.max_backoff)
+                resp.close()
+                time.sleep(wait)
+                overloads += 1
+                continue
+            break
         if resp.status_code >= 400:
             raise RuntimeError(
                 f"{method} {path} failed with HTTP {resp.status_code}: {_error_message(resp)}"
             )
         return resp
+
+    def _delay(self, attempt: int) -> float:
+        """Exponential backoff, capped at `max_backoff`."""
+        return min(self.backoff * 2**attempt, self.max_backoff)
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         resp = self._send(method, path, body)
@@ -209,6 +227,15 @@ class RuntimeEndpoint(Backend):
     def get_model_info(self) -> dict[str, Any]:
         """The server's /get_model_info answer (model path, ...), read at connect time."""
         return self.model_info
+
+
+def _retry_after(resp: Any) -> float:
+    """The response's Retry-After in seconds (0 when absent or an HTTP date)."""
+    value = resp.headers.get("Retry-After", "")
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        return 0.0
 
 
 def _error_message(resp: Any) -> str:

@@ -1,0 +1,37 @@
+"""engine_info: the snapshot of an engine's config, pool, cache and queues (`get_server_info`).
+
+Runs on the engine's loop thread (the engine calls it there), so the numbers are consistent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+
+def engine_info(engine: Any) -> dict[str, Any]:
+    """Config, pool usage, cache statistics and queue lengths of `engine`."""
+    cache, pool, scheduler = engine.cache, engine.runner.pool, engine.scheduler
+    return {
+        **dataclasses.asdict(engine.config),
+        "model_path": str(engine.model_folder),
+        "context_length": engine.context_length,
+        "num_threads": torch.get_num_threads(),
+        "kv_pool_bytes": pool.nbytes,
+        "pool_free_tokens": pool.num_free,
+        "pool_used_tokens": pool.num_slots - pool.num_free,
+        "cached_tokens": cache.tree.cached_tokens,
+        "evicted_tokens": cache.tree.evictions,
+        "cache_hit_tokens": scheduler.cache_hit_tokens,
+        "prompt_tokens_submitted": scheduler.prompt_tokens_admitted,
+        "cache_hit_rate": scheduler.cache_hit_tokens / max(scheduler.prompt_tokens_admitted, 1),
+        "num_running_reqs": len(scheduler.running),
+        "num_waiting_reqs": len(scheduler.waiting),
+        "num_queued_reqs": engine.admission.num_queued,
+        "rejected_requests": engine.admission.rejected,
+        "max_running_batch_seen": scheduler.max_running_seen,
+        "preemptions": scheduler.preemptions,
+        "forward_passes": engine.forward_passes,
+    }
