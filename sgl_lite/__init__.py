@@ -37,6 +37,7 @@ _LAZY = {
     "OpenAI": "sgl_lite.frontend.backends.openai",
     "EngineBackend": "sgl_lite.frontend.backends.engine",
     "Engine": "sgl_lite.backend.engine",
+    "show_cache": "sgl_lite.cache_view",
 }
 
 
@@ -78,5 +79,6 @@ __all__ = [
     "ProgramState",
     "ProgramError",
     "SglFunction",
+    "show_cache",
     "__version__",
 ]

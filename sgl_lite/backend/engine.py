@@ -147,6 +147,14 @@ class Engine:
         """Config, pool usage and cache statistics."""
         return self._call(self._server_info)
 
+    def cache_tree(self, snippet_chars: int = 60) -> dict[str, Any]:
+        """The radix tree as JSON (`sgl_lite.cache_view.tree_to_dict`), copied on the loop
+        thread so it is one consistent instant; decoding runs in the caller's thread."""
+        from sgl_lite.cache_view import tree_to_dict
+
+        tree = self._call(self.cache.tree.export)
+        return tree_to_dict(tree, self.tokenizer.decode, snippet_chars)
+
     def check_integrity(self) -> None:
         """Asserts the slot invariant (free + cached + in use == total) on the loop thread."""
         self._call(lambda: self.cache.check_integrity(self.scheduler.running))
