@@ -1,24 +1,64 @@
 """`python -m sgl_lite.launch_server --model-path default --port 30000`: the HTTP server.
 
 Parses SGLang's server flags, builds one Engine, and serves `create_app(engine)` under uvicorn.
-Binds to loopback unless --host says otherwise.
+Binds to loopback unless --host says otherwise. The deployment guide's command lines work as
+written: SGLang's common flags are accepted under their names (`--mem-fraction-static`,
+`--tp-size 1`, `--trust-remote-code`, ...), and an SGLang flag sgl_lite does not have is an
+error that names it and the nearest flag it does have.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 import threading
 import time
+from typing import NoReturn
 
 logger = logging.getLogger("sgl_lite.server")
+
+ROUTER_HINT = (
+    "sgl_lite runs one model replica per process; to use more cores or machines start one "
+    "server per port and put sglang-router in front: `pip install sglang-router`, then "
+    "`python -m sglang_router.launch_router --worker-urls http://127.0.0.1:30001 "
+    "http://127.0.0.1:30002 --policy cache_aware`"
+)
+
+
+class _SGLangParser(argparse.ArgumentParser):
+    """argparse that answers an unknown flag with the nearest flag we have (difflib)."""
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(self.describe_unknown(extras))
+        return parsed
+
+    def describe_unknown(self, extras: list[str]) -> str:
+        """The error for arguments the parser does not know."""
+        flags = [f.split("=", 1)[0] for f in extras if f.startswith("--")]
+        if not flags:
+            return f"unrecognized arguments: {' '.join(extras)}"
+        ours = sorted({o for a in self._actions for o in a.option_strings if o.startswith("--")})
+        parts = []
+        for flag in flags:
+            near = difflib.get_close_matches(flag, ours, n=1, cutoff=0.6)
+            hint = f"the closest name sgl_lite has is {near[0]}" if near else "no similar flag"
+            parts.append(f"{flag} is not a flag sgl_lite supports ({hint})")
+        return "; ".join(parts) + "; see --help for every flag"
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (SGLang's flag names)."""
-    p = argparse.ArgumentParser(
+    p = _SGLangParser(
         prog="python -m sgl_lite.launch_server",
+        usage="%(prog)s [--model-path PATH] [--host HOST] [--port PORT] [flags] (see --help)",
         description="Serve a model over SGLang's and OpenAI's HTTP APIs.",
     )
     p.add_argument(
@@ -61,7 +101,64 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
+    # --- SGLang's flags for the same things ---------------------------------------------------
+    p.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="size the KV pool from free memory: free x FRACTION - weights (CPU: available RAM); "
+        "--max-total-tokens, if given too, caps it",
+    )
+    p.add_argument(
+        "--tp-size",
+        "--tp",
+        "--tensor-parallel-size",
+        dest="tp_size",
+        type=int,
+        default=1,
+        help="only 1",
+    )
+    p.add_argument(
+        "--dp-size",
+        "--dp",
+        "--data-parallel-size",
+        dest="dp_size",
+        type=int,
+        default=1,
+        help="only 1",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let the tokenizer run its repository's code (the model always runs our own code)",
+    )
+    p.add_argument("--tokenizer-path", default=None, help="tokenizer folder (default: the model's)")
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="a .jinja/.json file, Jinja source, or a template name (chatml, llama-3-instruct...)",
+    )
+    p.add_argument(
+        "--enable-metrics", action="store_true", help="accepted; /metrics is always served"
+    )
     return p
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Rejects SGLang flag values sgl_lite cannot honour, with what to do instead (exit 2)."""
+    if args.tp_size < 1 or args.dp_size < 1:
+        parser.error("--tp-size and --dp-size must be >= 1")
+    if args.tp_size > 1:
+        parser.error(
+            f"--tp-size {args.tp_size}: tensor parallelism is not supported. {ROUTER_HINT}"
+        )
+    if args.dp_size > 1:
+        parser.error(
+            f"--dp-size {args.dp_size}: data parallelism in one process is not "
+            f"supported. {ROUTER_HINT}"
+        )
+    if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
+        parser.error(f"--mem-fraction-static must be in (0, 1], got {args.mem_fraction_static}")
 
 
 _ENGINE_FLAGS = (
@@ -78,6 +175,8 @@ _ENGINE_FLAGS = (
     "device",
     "dtype",
     "random_seed",
+    "tokenizer_path",
+    "chat_template",
 )
 
 
@@ -86,27 +185,56 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = {
         name: getattr(args, name) for name in _ENGINE_FLAGS if getattr(args, name) is not None
     }
-    for flag in ("disable_radix_cache", "disable_jump_forward"):
+    for flag in ("disable_radix_cache", "disable_jump_forward", "trust_remote_code"):
         if getattr(args, flag):
             kwargs[flag] = True
     kwargs["log_level"] = args.log_level
     return kwargs
 
 
+def sized_pool(args: argparse.Namespace, kwargs: dict) -> int:
+    """KV pool tokens for --mem-fraction-static, capped by --max-total-tokens (as in SGLang)."""
+    from sgl_lite.backend.config import EngineConfig
+    from sgl_lite.backend.memory import pool_tokens_for
+    from sgl_lite.backend.model_loader import resolve_model_path
+
+    config = EngineConfig.from_kwargs(model_path=args.model_path, **kwargs)
+    folder = resolve_model_path(args.model_path)
+    try:
+        tokens = pool_tokens_for(folder, args.mem_fraction_static, config.dtype, config.device)
+    except ValueError as exc:
+        raise SystemExit(f"python -m sgl_lite.launch_server: error: {exc}") from None
+    if args.max_total_tokens is not None:
+        tokens = min(tokens, args.max_total_tokens)
+    logger.info(
+        "--mem-fraction-static %s: KV pool of %d tokens%s",
+        args.mem_fraction_static,
+        tokens,
+        " (capped by --max-total-tokens)" if tokens == args.max_total_tokens else "",
+    )
+    return tokens
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parses `argv`, loads the model and serves until interrupted."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)  # before the heavy imports: a bad flag fails in a blink
+
     import uvicorn
 
     from sgl_lite.backend.engine import Engine
     from sgl_lite.backend.server import create_app
     from sgl_lite.backend.server.http_server import DEFAULT_MAX_BODY_BYTES
 
-    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     started = time.perf_counter()
-    engine = Engine(model_path=args.model_path, **engine_kwargs(args))
+    kwargs = engine_kwargs(args)
+    if args.mem_fraction_static is not None:
+        kwargs["max_total_tokens"] = sized_pool(args, kwargs)
+    engine = Engine(model_path=args.model_path, **kwargs)
     info = engine.get_server_info()
     pool_tokens = info["pool_free_tokens"] + info["pool_used_tokens"]
     logger.info(

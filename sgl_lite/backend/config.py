@@ -39,6 +39,10 @@ class EngineConfig:
     grammar_compile_timeout: float = 10.0
     random_seed: int = 0
     log_level: str = "info"
+    # SGLang's --tokenizer-path / --chat-template / --trust-remote-code (tokenizer_overrides.py)
+    tokenizer_path: str | None = None
+    chat_template: str | None = None
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if not self.device:

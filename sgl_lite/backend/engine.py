@@ -21,13 +21,14 @@ import torch
 
 from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.model_loader import load_tokenizer, resolve_model_path
+from sgl_lite.backend.model_loader import resolve_model_path
 from sgl_lite.backend.model_runner import ForwardOutput, ModelRunner
 from sgl_lite.backend.output_processor import OutputProcessor
 from sgl_lite.backend.request import Req
 from sgl_lite.backend.requests_builder import RequestBuilder
 from sgl_lite.backend.sampler import Sampler
 from sgl_lite.backend.scheduler import ScheduleBatch, Scheduler
+from sgl_lite.backend.tokenizer_overrides import load_tokenizer_with_overrides
 
 logger = logging.getLogger("sgl_lite")
 
@@ -53,7 +54,12 @@ class Engine:
         torch.manual_seed(self.config.random_seed)
         folder = resolve_model_path(self.config.model_path)
         self.model_folder = folder
-        self.tokenizer = load_tokenizer(folder)
+        self.tokenizer = load_tokenizer_with_overrides(
+            folder,
+            self.config.tokenizer_path,
+            self.config.chat_template,
+            self.config.trust_remote_code,
+        )
         self.runner = ModelRunner(folder, self.config)
         self.cache = CacheManager(self.runner.pool, self.config.disable_radix_cache)
         self.scheduler = Scheduler(self.config, self.cache)
