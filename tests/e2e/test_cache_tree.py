@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import httpx
 import pytest
@@ -137,3 +141,18 @@ def test_get_cache_tree_over_http_behind_the_api_key(idle_engine, smollm_tokeniz
     tree = eng.cache_tree()
     assert len(groups) == tree["num_nodes"] + 1 >= 4
     assert "shared ×2" in svg and "shared by 2" in text
+
+
+def test_cache_tour_example_runs_its_four_steps(tmp_path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    svg = tmp_path / "tour.svg"
+    done = subprocess.run(
+        [sys.executable, str(root / "examples" / "cache_tour.py"), "--svg", str(svg)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for title in ("1. insert", "2. edge split", "3. longest-prefix match", "4. eviction"):
+        assert f"=== {title}" in done.stdout
+    assert "shared by 2" in done.stdout and "evicted so far" in done.stdout
+    ET.parse(svg)
