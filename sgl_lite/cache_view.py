@@ -139,11 +139,13 @@ def render_text(tree: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- SVG
 
 _BOX_W, _BOX_H, _GAP_X, _GAP_Y, _PAD = 230, 46, 50, 14, 20
-_SVG_CHARS = 30
+_SVG_CHARS = 27  # what fits a box at 12 px monospace (about 7.2 px a character)
 
 
-def _xml_text(text: str) -> str:
+def _xml_text(text: str, keep_newlines: bool = False) -> str:
     """Text safe inside an XML element: control characters shown, markup escaped."""
+    if keep_newlines:
+        return "\n".join(escape(_printable(line)) for line in text.split("\n"))
     return escape(_printable(text))
 
 
@@ -211,7 +213,7 @@ def render_svg(tree: dict[str, Any]) -> str:
                 info += f" · shared ×{len(node['children'])}"
         hover = f"{node['text']}\n\n{_label(node)}" if node["id"] else info
         out.append(
-            f'<g class="node" id="node-{node["id"]}"><title>{_xml_text(hover)}</title>'
+            f'<g class="node" id="node-{node["id"]}"><title>{_xml_text(hover, True)}</title>'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{_BOX_W}" height="{_BOX_H}" rx="6" '
             f'fill="{_fill(node, max_hits)}" stroke="#374151" '
             f'stroke-width="{2.5 if shared else 1}"/>'
