@@ -13,7 +13,8 @@ import json
 import math
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape
@@ -222,6 +223,72 @@ def render_svg(tree: dict[str, Any]) -> str:
         )
     out.append("</svg>")
     return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- program steps
+
+
+@dataclass(frozen=True)
+class CacheStep:
+    """One gen/select of a program: its prompt tokens and how many of them the cache held."""
+
+    kind: str  # "gen" or "select"
+    name: str | None
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def hit_rate(self) -> float:
+        """cached / prompt tokens (0 for an empty prompt)."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @classmethod
+    def from_meta(cls, kind: str, name: str | None, meta: dict[str, Any] | None) -> CacheStep:
+        """From a step's meta_info. A select scores one request per choice: its cached count is
+        the smallest of theirs, bounded by the shared prompt it reports as `prompt_tokens`."""
+        meta = meta or {}
+        prompt = int(meta.get("prompt_tokens") or 0)
+        cached = meta.get("cached_tokens") or 0
+        if isinstance(cached, list):
+            cached = min(min((c or 0 for c in cached), default=0), prompt)
+        return cls(kind, name, prompt, int(cached))
+
+
+@dataclass(frozen=True)
+class CacheReport:
+    """Per-step prompt and cached tokens of a program run (`ProgramState.cache_report()`)."""
+
+    steps: tuple[CacheStep, ...]
+
+    @classmethod
+    def from_records(cls, records: Iterable[tuple[str, str | None, Any]]) -> CacheReport:
+        """From (kind, name, meta_info) records in the order the steps ran."""
+        return cls(tuple(CacheStep.from_meta(*r) for r in records))
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens over all steps."""
+        return sum(s.prompt_tokens for s in self.steps)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Cached prompt tokens over all steps."""
+        return sum(s.cached_tokens for s in self.steps)
+
+    @property
+    def hit_rate(self) -> float:
+        """cached / prompt tokens over all steps."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def __str__(self) -> str:
+        rows = [f"{'step':<28}{'prompt':>8}{'cached':>8}{'hit rate':>10}"]
+        for s in self.steps:
+            label = f"{s.kind}({s.name!r})" if s.name else s.kind
+            rows.append(f"{label:<28}{s.prompt_tokens:>8}{s.cached_tokens:>8}{s.hit_rate:>10.1%}")
+        rows.append(
+            f"{'total':<28}{self.prompt_tokens:>8}{self.cached_tokens:>8}{self.hit_rate:>10.1%}"
+        )
+        return "\n".join(rows)
 
 
 # ----------------------------------------------------------------------------- entry point

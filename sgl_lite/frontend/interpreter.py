@@ -21,6 +21,7 @@ from sgl_lite.frontend.backends.base import Backend
 from sgl_lite.frontend.transcript import Transcript
 
 if TYPE_CHECKING:
+    from sgl_lite.cache_view import CacheReport
     from sgl_lite.frontend.fork import ProgramStateGroup
 
 _NAMED = (ir.Gen, ir.Select, ir.VarScopeEnd, ir.SetVar)
@@ -61,6 +62,7 @@ class ProgramState:
         self._submit_role: str | None = None
         self._owner = threading.get_ident()
         self._children: list[ProgramState] = []
+        self._steps: list[tuple[str, str | None, Any]] = []  # (gen/select, name, meta_info)
 
     # --- adding work ------------------------------------------------------------------------
     def __iadd__(self, other: Any) -> ProgramState:
@@ -122,6 +124,18 @@ class ProgramState:
         """Meta info of the step that set `name` (tokens, cached tokens, finish reason, scores)."""
         self.get_var(name)
         return self._meta.get(name)
+
+    def cache_report(self) -> CacheReport:
+        """Prompt tokens, cached tokens and hit rate of each gen/select so far (forks after)."""
+        from sgl_lite.cache_view import CacheReport
+
+        self.sync()
+        states, records = [self], []
+        while states:
+            state = states.pop(0)
+            records += state._steps
+            states += state._children
+        return CacheReport.from_records(records)
 
     def text(self) -> str:
         self.sync()
@@ -313,6 +327,7 @@ class ProgramState:
             self._gen(item)
         elif isinstance(item, ir.Select):
             decision = self.backend.select(self._t.prompt(), item.choices, item.choices_method)
+            self._steps.append(("select", item.name, decision.meta_info))
             self._fill(decision.decision, item.name)
             self._set(item.name, decision.decision, decision.meta_info)
         elif isinstance(item, ir.VarScopeBegin):
@@ -349,6 +364,7 @@ class ProgramState:
                 streamed = text
             if text != streamed:  # the final text trimmed what was streamed (a stop string)
                 self._t.text = self._t.text[: len(self._t.text) - len(streamed)] + text
+        self._steps.append(("gen", item.name, meta))
         self._set(item.name, text, meta)
 
     def __repr__(self) -> str:
