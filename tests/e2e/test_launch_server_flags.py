@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import pytest
@@ -27,9 +28,17 @@ def launch(*flags: str, timeout: float = 10) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
 
 
+class Server(NamedTuple):
+    """A launched server process: its loopback URL, its log file and the process."""
+
+    url: str
+    log: Path
+    proc: subprocess.Popen
+
+
 @contextlib.contextmanager
-def running(*flags: str, startup: float = 180) -> Iterator[tuple[str, Path]]:
-    """Starts a server on a free port (binding 0.0.0.0), yields its loopback URL and log file."""
+def running(*flags: str, startup: float = 180) -> Iterator[Server]:
+    """Starts a server on a free port (binding 0.0.0.0); yields it once /health answers."""
     port = _free_port()
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"sgl_lite-launch-{port}.log"
     cmd = [sys.executable, "-m", "sgl_lite.launch_server", "--model-path", "default"]
@@ -48,7 +57,7 @@ def running(*flags: str, startup: float = 180) -> Iterator[tuple[str, Path]]:
             if time.monotonic() > deadline:
                 raise AssertionError(f"no /health after {startup} s: {log.read_text()}")
             time.sleep(0.25)
-        yield url, log
+        yield Server(url, log, proc)
     finally:
         proc.terminate()
         try:
@@ -86,7 +95,7 @@ def test_deployment_guide_command_line_serves(tmp_path) -> None:
     flags = ["--mem-fraction-static", "0.85", "--max-total-tokens", "4096", "--tp", "1"]
     flags += ["--dp-size", "1", "--trust-remote-code", "--enable-metrics", "--log-level", "info"]
     flags += ["--chat-template", str(template), "--tokenizer-path", str(memory_folder())]
-    with running(*flags) as (url, log):
+    with running(*flags) as (url, log, _):
         assert pool_tokens(url) == 4096
         chat = httpx.post(
             f"{url}/v1/chat/completions",
@@ -111,7 +120,7 @@ def test_mem_fraction_static_sizes_the_pool_from_free_memory() -> None:
     weights = memory.weight_bytes(folder, "float32")
     target = 12_000  # tokens: choose the fraction that should give about this many
     fraction = (weights + target * per_token) / memory.available_cpu_memory()
-    with running("--mem-fraction-static", f"{fraction:.5f}") as (url, _):
+    with running("--mem-fraction-static", f"{fraction:.5f}") as (url, _, _):
         tokens = pool_tokens(url)
     # Free memory moves while other processes run; 4000 tokens of slack is ±3 GiB of RAM here.
     assert abs(tokens - target) < 4000, (tokens, fraction)
