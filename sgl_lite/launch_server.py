@@ -4,14 +4,17 @@ Parses SGLang's server flags, builds one Engine, and serves `create_app(engine)`
 Binds to loopback unless --host says otherwise. The deployment guide's command lines work as
 written: SGLang's common flags are accepted under their names (`--mem-fraction-static`,
 `--tp-size 1`, `--trust-remote-code`, ...), and an SGLang flag sgl_lite does not have is an
-error that names it and the nearest flag it does have.
+error that names it and the nearest flag it does have. `--dp N` serves N worker processes
+behind sglang-router as one command (`cluster.py`).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import logging
+import os
 import sys
 import threading
 import time
@@ -125,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="dp_size",
         type=int,
         default=1,
-        help="only 1",
+        help="N > 1: N workers (a share of the cores each) behind sglang-router on --port",
     )
     p.add_argument(
         "--trust-remote-code",
@@ -153,10 +156,18 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             f"--tp-size {args.tp_size}: tensor parallelism is not supported. {ROUTER_HINT}"
         )
     if args.dp_size > 1:
-        parser.error(
-            f"--dp-size {args.dp_size}: data parallelism in one process is not "
-            f"supported. {ROUTER_HINT}"
-        )
+        cores = os.cpu_count() or 1
+        if args.dp_size > cores:
+            parser.error(
+                f"--dp-size {args.dp_size} is larger than the {cores} CPU cores here: each "
+                "worker needs a core of its own; on several machines, run one server on each "
+                "behind sglang-router (README: Scale-out)"
+            )
+        if importlib.util.find_spec("sglang_router") is None:
+            parser.error(
+                f"--dp-size {args.dp_size} runs workers behind sglang-router, which is not "
+                "installed: pip install 'sgl_lite[cluster]' (or: pip install sglang-router)"
+            )
     if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
         parser.error(f"--mem-fraction-static must be in (0, 1], got {args.mem_fraction_static}")
 
@@ -217,9 +228,17 @@ def sized_pool(args: argparse.Namespace, kwargs: dict) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """Parses `argv`, loads the model and serves until interrupted."""
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)  # before the heavy imports: a bad flag fails in a blink
+    if args.dp_size > 1:
+        from sgl_lite.cluster import serve_cluster
+
+        logging.basicConfig(
+            level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s"
+        )
+        sys.exit(serve_cluster(args, argv))
 
     import uvicorn
 

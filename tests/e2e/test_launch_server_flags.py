@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -81,10 +82,50 @@ def test_unknown_sglang_flag_exits_2_naming_it_and_the_nearest() -> None:
     assert "--enable-lora is not a flag" in done.stderr
 
 
-@pytest.mark.parametrize("flag", ["--tp", "--tp-size", "--dp", "--dp-size"])
-def test_more_than_one_replica_points_to_the_router(flag) -> None:
+@pytest.mark.parametrize("flag", ["--tp", "--tp-size", "--tensor-parallel-size"])
+def test_tensor_parallelism_points_to_the_router(flag) -> None:
     done = launch(flag, "2")
     assert done.returncode == 2 and "sglang_router.launch_router" in done.stderr
+
+
+def test_dp_beyond_the_cores_is_a_start_up_error() -> None:
+    done = launch("--dp", str((os.cpu_count() or 1) + 1))
+    assert done.returncode == 2 and "CPU cores here" in done.stderr
+
+
+def children(pid: int) -> list[int]:
+    """Child process ids of `pid` (Linux /proc)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def test_dp_2_serves_two_workers_behind_the_router_and_stops_on_sigterm() -> None:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "sgl_lite.launch_server", "--dp", "2", "--port", str(port)]
+    cmd += ["--max-total-tokens", "2048", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the router did not come up"
+            time.sleep(0.5)
+        kids = children(proc.pid)
+        assert len(kids) == 3  # two workers and the router
+        for i in range(4):
+            body = {"text": f"Request {i}:", "sampling_params": {"max_new_tokens": 2}}
+            assert httpx.post(f"{url}/generate", json=body, timeout=60).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert not any(Path(f"/proc/{k}").exists() for k in kids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_deployment_guide_command_line_serves(tmp_path) -> None:

@@ -40,7 +40,7 @@ def test_sglang_flag_names_and_aliases_parse() -> None:
         (["--mem-fraction-statc", "0.8"], "closest name sgl_lite has is --mem-fraction-static"),
         (["--tokenizer-mode", "auto"], "--tokenizer-mode is not a flag sgl_lite supports"),
         (["--tp-size", "2"], "sglang_router.launch_router"),
-        (["--dp", "3"], "--dp-size 3: data parallelism"),
+        (["--dp", "100000"], "--dp-size 100000 is larger than the"),
         (["--mem-fraction-static", "1.5"], "must be in (0, 1]"),
     ],
 )
@@ -105,3 +105,16 @@ def test_named_template_renders_like_the_frontend_template(name, smollm_tokenize
             messages, chat_template=template, tokenize=False, add_generation_prompt=gen
         )
         assert rendered == TEMPLATES[name].render(messages, add_generation_prompt=gen)
+
+
+def test_worker_argv_replaces_the_per_worker_flags() -> None:
+    from sgl_lite.cluster import worker_argv
+
+    argv = ["--dp", "2", "--port=30000", "--host", "0.0.0.0", "--api-key", "k"]
+    argv += ["--mem-fraction-static", "0.8", "--num-threads", "4", "--max-total-tokens", "64"]
+    cmd = worker_argv(argv, 31000, 1, 0.4)
+    assert cmd[1:3] == ["-m", "sgl_lite.launch_server"]
+    assert cmd[3:] == [
+        "--api-key", "k", "--max-total-tokens", "64", "--host", "127.0.0.1", "--port", "31000",
+        "--num-threads", "1", "--mem-fraction-static", "0.400000",
+    ]  # fmt: skip
