@@ -129,10 +129,10 @@ class ProgramState:
         """Prompt tokens, cached tokens and hit rate of each gen/select so far (forks after)."""
         from sgl_lite.cache_view import CacheReport
 
-        self.sync()
         states, records = [self], []
         while states:
             state = states.pop(0)
+            state.sync()
             records += state._steps
             states += state._children
         return CacheReport.from_records(records)

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import sgl_lite as sgl
 from sgl_lite.backend.server import create_app
 from sgl_lite.cache_view import cached_sequences, show_cache
 from tests.e2e.server_fixture import serve
@@ -136,6 +137,8 @@ def test_get_cache_tree_over_http_behind_the_api_key(idle_engine, smollm_tokeniz
         assert bad.status_code == 400 and "snippet_chars" in bad.json()["error"]["message"]
         svg = show_cache(url, tmp_path / "cache.svg", api_key="sk-test")
         text = show_cache(url, tmp_path / "cache.txt", api_key="sk-test")
+        endpoint = sgl.RuntimeEndpoint(url, api_key="sk-test")  # the DSL's client works too
+        assert show_cache(endpoint, tmp_path / "again.txt") == text
     root = ET.fromstring(svg)
     groups = [g for g in root.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "node"]
     tree = eng.cache_tree()
