@@ -168,6 +168,16 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                 f"--dp-size {args.dp_size} runs workers behind sglang-router, which is not "
                 "installed: pip install 'sgl_lite[cluster]' (or: pip install sglang-router)"
             )
+    if args.chat_template is not None:
+        from sgl_lite.backend.tokenizer_overrides import resolve_chat_template
+
+        args.chat_template = chat_template_arg(args.chat_template)
+        try:
+            resolve_chat_template(args.chat_template)
+        except ValueError as exc:
+            from sgl_lite.frontend.chat_template import TEMPLATES
+
+            parser.error(f"--chat-template: {exc}; SGLang names: {', '.join(sorted(TEMPLATES))}")
     if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
         parser.error(f"--mem-fraction-static must be in (0, 1], got {args.mem_fraction_static}")
 
@@ -189,6 +199,22 @@ _ENGINE_FLAGS = (
     "tokenizer_path",
     "chat_template",
 )
+
+
+def chat_template_arg(value: str) -> str:
+    """--chat-template: SGLang's template names become Jinja; files and Jinja pass through."""
+    from pathlib import Path
+
+    from sgl_lite.frontend.chat_template import TEMPLATES
+
+    named = TEMPLATES.get(value)
+    if named is None or Path(value).expanduser().exists():
+        return value
+    from sgl_lite.backend.tokenizer_overrides import jinja_from_roles
+
+    return jinja_from_roles(
+        named.role_prefix_and_suffix, named.default_system_prompt, named.begin_text
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -1,25 +1,28 @@
 """SGLang's `--tokenizer-path` and `--chat-template`: a tokenizer from elsewhere, another template.
 
-`--chat-template` takes what SGLang takes: a `.jinja` file, a `.json` file holding a
-`chat_template` field, Jinja source itself, or the name of one of SGLang's templates that the
-frontend knows (chatml, llama-3-instruct, ...), which is turned into Jinja here. The result
-replaces the tokenizer's own template, so `/v1/chat/completions` and the DSL's derived template
-both follow it.
+`chat_template` is Jinja source, a `.jinja` file, or a `.json` file holding a `chat_template`
+field; the result replaces the tokenizer's own template, so `/v1/chat/completions` and the DSL's
+derived template both follow it. SGLang's template names (chatml, llama-3-instruct, ...) are
+the frontend's data: `launch_server` looks them up there and passes `jinja_from_roles`' Jinja
+down, so this backend module never imports the frontend.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
-def _jinja_from_roles(
-    roles: dict[str, tuple[str, str]], default_system_prompt: str | None, begin: str
+def jinja_from_roles(
+    roles: dict[str, tuple[str, str]], default_system_prompt: str | None = None, begin: str = ""
 ) -> str:
-    """Jinja that renders messages as role prefix + content + role suffix (JSON literals are
-    valid Jinja string literals, so every marker survives escaping)."""
+    """Jinja that renders messages as role prefix + content + role suffix, with a default
+    system prompt when the first message is not one (JSON literals are valid Jinja string
+    literals, so every marker survives escaping)."""
     prefix = json.dumps({r: p for r, (p, _) in roles.items()})
     suffix = json.dumps({r: s for r, (_, s) in roles.items()})
     system = json.dumps(default_system_prompt or "")
@@ -33,29 +36,23 @@ def _jinja_from_roles(
 
 
 def resolve_chat_template(value: str) -> str:
-    """Jinja source for a `--chat-template` value; ValueError naming what was tried."""
+    """Jinja source for a `chat_template` value; ValueError naming what was expected."""
     if "{{" in value or "{%" in value:
         return value
     path = Path(value).expanduser()
-    if path.is_file():
-        text = path.read_text(encoding="utf-8")
-        if path.suffix != ".json":
-            return text
-        template = json.loads(text).get("chat_template")
-        if not isinstance(template, str):
-            raise ValueError(f"chat template file {path} has no string field 'chat_template'")
-        return template
-    from sgl_lite.frontend.chat_template import TEMPLATES  # SGLang's names, as data
-
-    named = TEMPLATES.get(value)
-    if named is None:
+    if not path.is_file():
         raise ValueError(
-            f"chat_template {value!r} is not a file, not Jinja, and not a known template name; "
-            f"known names: {', '.join(sorted(TEMPLATES))}"
+            f"chat_template {value!r} is neither Jinja source nor a file; pass a .jinja file, "
+            "a .json file with a 'chat_template' field, or Jinja (launch_server's "
+            "--chat-template also takes SGLang's template names)"
         )
-    return _jinja_from_roles(
-        named.role_prefix_and_suffix, named.default_system_prompt, named.begin_text
-    )
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".json":
+        return text
+    template = json.loads(text).get("chat_template")
+    if not isinstance(template, str):
+        raise ValueError(f"chat template file {path} has no string field 'chat_template'")
+    return template
 
 
 def load_tokenizer_with_overrides(
@@ -65,6 +62,8 @@ def load_tokenizer_with_overrides(
     trust_remote_code: bool = False,
 ) -> PreTrainedTokenizerBase:
     """The model's tokenizer, or the one at `tokenizer_path`, with `chat_template` applied."""
+    from transformers import AutoTokenizer
+
     source = Path(tokenizer_path).expanduser() if tokenizer_path else model_folder
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)

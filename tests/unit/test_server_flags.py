@@ -7,7 +7,7 @@ import pytest
 from sgl_lite.backend import memory
 from sgl_lite.backend.tokenizer_overrides import resolve_chat_template
 from sgl_lite.frontend.chat_template import TEMPLATES
-from sgl_lite.launch_server import build_parser, check_args, engine_kwargs
+from sgl_lite.launch_server import build_parser, chat_template_arg, check_args, engine_kwargs
 
 MESSAGES = [{"role": "user", "content": 'Say "hi"\n'}, {"role": "assistant", "content": "hi"}]
 
@@ -28,8 +28,11 @@ def test_sglang_flag_names_and_aliases_parse() -> None:
     assert (args.host, args.mem_fraction_static, args.tp_size, args.dp_size) == (
         "0.0.0.0", 0.85, 1, 1,
     )  # fmt: skip
-    kwargs = engine_kwargs(args)
-    assert kwargs["tokenizer_path"] == "/tmp/tok" and kwargs["chat_template"] == "chatml"
+    kwargs = engine_kwargs(args)  # check_args turned the template name into Jinja
+    assert kwargs["tokenizer_path"] == "/tmp/tok"
+    assert (
+        kwargs["chat_template"] == chat_template_arg("chatml") and "{%" in kwargs["chat_template"]
+    )
     assert kwargs["trust_remote_code"] is True and kwargs["log_level"] == "debug"
     assert parse("--tensor-parallel-size", "1").tp_size == 1
 
@@ -42,6 +45,7 @@ def test_sglang_flag_names_and_aliases_parse() -> None:
         (["--tp-size", "2"], "sglang_router.launch_router"),
         (["--dp", "100000"], "--dp-size 100000 is larger than the"),
         (["--mem-fraction-static", "1.5"], "must be in (0, 1]"),
+        (["--chat-template", "chatml-x"], "--chat-template: chat_template 'chatml-x' is neither"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(argv, needle, capsys) -> None:
@@ -93,13 +97,15 @@ def test_chat_template_values(tmp_path, smollm_tokenizer) -> None:
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="no string field 'chat_template'"):
         resolve_chat_template(str(tmp_path / "bad.json"))
-    with pytest.raises(ValueError, match="known names: .*chatml"):
-        resolve_chat_template("no-such-template")
+    with pytest.raises(ValueError, match="neither Jinja source nor a file"):
+        resolve_chat_template("chatml")  # names are launch_server's to resolve
+    assert chat_template_arg(str(tmp_path / "t.jinja")) == str(tmp_path / "t.jinja")
+    assert chat_template_arg("no-such-template") == "no-such-template"  # the engine rejects it
 
 
 @pytest.mark.parametrize("name", ["chatml", "smollm2", "llama-3-instruct", "llama-2-chat"])
 def test_named_template_renders_like_the_frontend_template(name, smollm_tokenizer) -> None:
-    template = resolve_chat_template(name)
+    template = resolve_chat_template(chat_template_arg(name))
     for messages, gen in ((MESSAGES, False), (MESSAGES[:1], True)):
         rendered = smollm_tokenizer.apply_chat_template(
             messages, chat_template=template, tokenize=False, add_generation_prompt=gen
