@@ -134,16 +134,19 @@ class RadixCache:
 
     # ---------------------------------------------------------------- lookup and insert
 
-    def match_prefix(self, ids: Sequence[int] | torch.Tensor) -> MatchResult:
+    def match_prefix(
+        self, ids: Sequence[int] | torch.Tensor, *, count_hit: bool = True
+    ) -> MatchResult:
         """Longest cached prefix of `ids`.
 
         Splits a node on a partial match so that the returned node ends exactly at the match
-        (the root if nothing matches), marks the path as recently used and counts a hit on
-        every node of it.
+        (the root if nothing matches), marks the path as recently used and, unless `count_hit`
+        is False (a planning probe, a request re-finding its own tokens), counts a hit on every
+        node of it.
         """
         tokens = _as_token_list(ids)
         node, _, values = self._walk(tokens)
-        hit: TreeNode | None = node
+        hit: TreeNode | None = node if count_hit else None
         while hit is not None:  # the root's count is the number of lookups
             hit.hits += 1
             hit = hit.parent
@@ -181,12 +184,13 @@ class RadixCache:
     def split_prompt(self, ids: Sequence[int] | torch.Tensor) -> SplitResult:
         """The execution plan for `ids`: cached prefix, uncached suffix, and the hit length.
 
-        Uses `match_prefix`, so it also refreshes the prefix's LRU position. A fully cached
+        Uses `match_prefix` (without counting a hit), so it also refreshes the prefix's LRU
+        position. A fully cached
         prompt gives an empty `miss_suffix`; a caller that needs logits for the last token
         should plan on `ids[:-1]`.
         """
         tokens = _as_token_list(ids)
-        hit_len = len(self.match_prefix(tokens).slot_ids)
+        hit_len = len(self.match_prefix(tokens, count_hit=False).slot_ids)
         return SplitResult(tokens[:hit_len], tokens[hit_len:], hit_len)
 
     def _walk(self, tokens: list[int]) -> tuple[TreeNode, int, list[torch.Tensor]]:

@@ -76,6 +76,10 @@ def test_match_prefix_counts_hits_on_the_matched_path_and_splits_keep_them() -> 
     assert upper.children[3].key == [3, 4] and upper.children[3].hits == 2
     cache.match_prefix([5])  # a miss counts on the root only
     assert cache.root.hits == 4 and upper.hits == 3
+    # Planning probes and uncounted lookups leave the counts alone.
+    assert cache.split_prompt([1, 2, 3]).hit_len == 3
+    cache.match_prefix([1, 2], count_hit=False)
+    assert cache.root.hits == 4 and upper.hits == 3
 
 
 def test_export_is_a_sorted_read_only_copy_of_the_tree() -> None:
