@@ -77,8 +77,9 @@ def tour(engine: Engine) -> None:
         "3. longest-prefix match",
         "A follow-up to the first question walks the tree as far as its tokens agree: the\n"
         "instructions, then the first question. The old answer differs from the follow-up, so\n"
-        "the walk ends there (another split) and only the rest is computed. The hit counts on\n"
-        "the matched path go up, and so does its last-access time.",
+        "the walk ends at the question's node, only the rest is computed, and the rest becomes\n"
+        "a new branch beside the old answer. The hit counts on the matched path go up, and so\n"
+        "does its last-access time.",
     )
     follow_up = ask(engine, SHARED + "Where is the Mona Lisa? And how old is it?")
     assert follow_up["cached_tokens"] > second["cached_tokens"]

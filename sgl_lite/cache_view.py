@@ -118,7 +118,8 @@ def render_text(tree: dict[str, Any]) -> str:
     lines = [
         f"radix cache: {tree['cached_tokens']} tokens in {tree['num_nodes']} nodes "
         f"({tree['protected_tokens']} locked, {tree['evictable_tokens']} evictable, "
-        f"{tree['evicted_tokens']} evicted so far), {tree['lookups']} lookups",
+        f"{tree['evicted_tokens']} evicted so far), {tree['lookups']} "
+        f"lookup{'' if tree['lookups'] == 1 else 's'}",
         "root",
     ]
     stack = [
