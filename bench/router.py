@@ -28,7 +28,7 @@ import httpx
 
 from bench.common import ChatRun
 from bench.workloads import build
-from sgl_lite.cluster import _free_port, _healthy, _stop
+from sgl_lite.cluster import free_port, is_healthy, stop_all
 
 
 @contextlib.contextmanager
@@ -37,20 +37,20 @@ def cluster(
 ) -> Iterator[tuple[str, list[str]]]:
     """The workers (and the router unless policy is 'none'); yields (entry URL, worker URLs)."""
     procs: list[subprocess.Popen] = []
-    ports = [_free_port() for _ in range(workers)]
+    ports = [free_port() for _ in range(workers)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
         for port in ports:
             cmd = [sys.executable, "-m", "sgl_lite.launch_server", "--port", str(port)]
             cmd += ["--num-threads", str(threads), "--log-level", "warning"]
             procs.append(subprocess.Popen(cmd))
-        while not all(_healthy(u) for u in urls):
+        while not all(is_healthy(u) for u in urls):
             if any(p.poll() is not None for p in procs):
                 raise SystemExit("a worker exited before serving")
             time.sleep(0.5)
         entry = urls[0]
         if policy != "none":
-            port = _free_port()
+            port = free_port()
             cmd = [sys.executable, "-m", "sglang_router.launch_router", "--port", str(port)]
             cmd += ["--worker-urls", *urls, "--policy", policy, "--log-level", "warn"]
             cmd += router_args
@@ -63,7 +63,7 @@ def cluster(
                 time.sleep(0.25)
         yield entry, urls
     finally:
-        _stop(procs[::-1], timeout=30)
+        stop_all(procs[::-1], timeout=30)
 
 
 def run_w1(entry: str, tokenizer, seed: int = 0) -> dict:

@@ -54,13 +54,15 @@ def worker_argv(argv: list[str], port: int, threads: int, fraction: float | None
     return [sys.executable, "-m", "sgl_lite.launch_server", *out]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def _healthy(url: str) -> bool:
+def is_healthy(url: str) -> bool:
+    """Whether `GET {url}/health` answers 200."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
             return response.status == 200
@@ -68,7 +70,8 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _stop(procs: list[subprocess.Popen], timeout: float) -> None:
+def stop_all(procs: list[subprocess.Popen], timeout: float) -> None:
+    """SIGTERM to each process still running; SIGKILL to any not gone within `timeout` s."""
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -86,7 +89,7 @@ def serve_cluster(args: argparse.Namespace, argv: list[str]) -> int:
     dp = args.dp_size
     threads = args.num_threads or max(1, (os.cpu_count() or 1) // dp)
     fraction = args.mem_fraction_static / dp if args.mem_fraction_static else None
-    ports = [_free_port() for _ in range(dp)]
+    ports = [free_port() for _ in range(dp)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     stopping = False
 
@@ -99,7 +102,7 @@ def serve_cluster(args: argparse.Namespace, argv: list[str]) -> int:
     router: subprocess.Popen | None = None
     try:
         logger.info("starting %d workers (%d threads each) at %s", dp, threads, " ".join(urls))
-        while not all(_healthy(u) for u in urls):
+        while not all(is_healthy(u) for u in urls):
             dead = [u for u, w in zip(urls, workers) if w.poll() is not None]
             if dead:
                 logger.error("worker(s) %s exited before serving", " ".join(dead))
@@ -118,7 +121,7 @@ def serve_cluster(args: argparse.Namespace, argv: list[str]) -> int:
         return 0 if stopping else (router.returncode or 1)
     finally:
         # The router first, so nothing new reaches a worker that is draining.
-        _stop([router] if router is not None else [], timeout=10)
-        _stop(workers, timeout=30)
+        stop_all([router] if router is not None else [], timeout=10)
+        stop_all(workers, timeout=30)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
