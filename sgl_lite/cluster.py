@@ -26,12 +26,16 @@ _PER_WORKER = {
     "--dp", "--dp-size", "--data-parallel-size", "--port", "--host",
     "--mem-fraction-static", "--num-threads",
 }  # fmt: skip
-# Drop a dead worker within seconds, and retry the requests that hit it meanwhile.
+# Drop a dead worker within seconds (health checks, a circuit breaker opening after 2 failures)
+# and retry the requests that hit it meanwhile with backoff (tests/e2e/test_router.py).
 ROUTER_FLAGS = (
     "--policy", "cache_aware",
     "--health-check-interval-secs", "2",
     "--health-failure-threshold", "2",
-    "--retry-max-retries", "3",
+    "--retry-max-retries", "5",
+    "--retry-initial-backoff-ms", "200",
+    "--retry-max-backoff-ms", "2000",
+    "--cb-failure-threshold", "2",
 )  # fmt: skip
 
 

@@ -23,13 +23,17 @@ from tests.e2e.server_fixture import _free_port
 from tests.e2e.test_launch_server_flags import ENV, running
 
 WORKER_FLAGS = ("--max-total-tokens", "4096", "--num-threads", "1", "--log-level", "warning")
-# The router's defaults check health every 60 s; these drop a dead worker within seconds and
-# retry the requests that hit it meanwhile (FINDINGS.md: no failed request with them).
+# The router's defaults check health every 60 s and retry 3 times within 0.25 s. These drop a
+# dead worker within seconds (health checks; a circuit breaker that opens after 2 failures) and
+# retry the requests that hit it meanwhile with backoff, so none of them fails.
 ROUTER_FLAGS = (
     "--policy", "cache_aware",
     "--health-check-interval-secs", "2",
     "--health-failure-threshold", "2",
-    "--retry-max-retries", "3",
+    "--retry-max-retries", "5",
+    "--retry-initial-backoff-ms", "200",
+    "--retry-max-backoff-ms", "2000",
+    "--cb-failure-threshold", "2",
     "--log-level", "warn",
 )  # fmt: skip
 
