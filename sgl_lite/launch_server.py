@@ -229,29 +229,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return kwargs
 
 
-def sized_pool(args: argparse.Namespace, kwargs: dict) -> int:
-    """KV pool tokens for --mem-fraction-static, capped by --max-total-tokens (as in SGLang)."""
-    from sgl_lite.backend.config import EngineConfig
-    from sgl_lite.backend.memory import pool_tokens_for
-    from sgl_lite.backend.model_loader import resolve_model_path
-
-    config = EngineConfig.from_kwargs(model_path=args.model_path, **kwargs)
-    folder = resolve_model_path(args.model_path)
-    try:
-        tokens = pool_tokens_for(folder, args.mem_fraction_static, config.dtype, config.device)
-    except ValueError as exc:
-        raise SystemExit(f"python -m sgl_lite.launch_server: error: {exc}") from None
-    if args.max_total_tokens is not None:
-        tokens = min(tokens, args.max_total_tokens)
-    logger.info(
-        "--mem-fraction-static %s: KV pool of %d tokens%s",
-        args.mem_fraction_static,
-        tokens,
-        " (capped by --max-total-tokens)" if tokens == args.max_total_tokens else "",
-    )
-    return tokens
-
-
 def main(argv: list[str] | None = None) -> None:
     """Parses `argv`, loads the model and serves until interrupted."""
     argv = sys.argv[1:] if argv is None else argv
@@ -278,8 +255,11 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     kwargs = engine_kwargs(args)
     if args.mem_fraction_static is not None:
-        kwargs["max_total_tokens"] = sized_pool(args, kwargs)
-    engine = Engine(model_path=args.model_path, **kwargs)
+        kwargs["mem_fraction_static"] = args.mem_fraction_static  # the engine sizes its pool
+    try:
+        engine = Engine(model_path=args.model_path, **kwargs)
+    except ValueError as exc:  # a bad value, a missing model, no room for a KV pool
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     info = engine.get_server_info()
     pool_tokens = info["pool_free_tokens"] + info["pool_used_tokens"]
     logger.info(

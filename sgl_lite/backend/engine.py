@@ -21,6 +21,7 @@ import torch
 
 from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.memory import resolve_mem_fraction
 from sgl_lite.backend.model_loader import resolve_model_path
 from sgl_lite.backend.model_runner import ForwardOutput, ModelRunner
 from sgl_lite.backend.output_processor import OutputProcessor
@@ -47,6 +48,9 @@ class Engine:
     """In-process engine: `Engine(model_path=None, **server_flags_in_snake_case)`."""
 
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        if "mem_fraction_static" in kwargs:  # SGLang's pool sizing, resolved before the config
+            kwargs = resolve_mem_fraction({"model_path": model_path, **kwargs})
+            model_path = kwargs.pop("model_path")
         self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
         _configure_logging(self.config.log_level)
         if self.config.num_threads is not None:

@@ -15,16 +15,20 @@ Nothing is allocated here: the functions only read sizes (weights from safetenso
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from sgl_lite.backend.config import DTYPES
-from sgl_lite.backend.model_loader import load_config
+from sgl_lite.backend.config import DTYPES, EngineConfig
+from sgl_lite.backend.model_loader import load_config, resolve_model_path
 from sgl_lite.backend.models.llama import head_dim_of
+
+logger = logging.getLogger("sgl_lite")
 
 MIN_POOL_TOKENS = 16  # EngineConfig's lower bound for max_total_tokens
 
@@ -115,3 +119,26 @@ def pool_tokens_for(folder: Path, fraction: float, dtype: str, device: str) -> i
         weight_bytes(folder, dtype),
         kv_bytes_per_token(folder, dtype),
     )
+
+
+def resolve_mem_fraction(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Engine keyword arguments with `mem_fraction_static` turned into `max_total_tokens`.
+
+    The pool size is resolved before the config is built (SGLang's rule: a `max_total_tokens`
+    given too caps it); without `mem_fraction_static` the arguments come back unchanged.
+    """
+    fraction = kwargs.get("mem_fraction_static")
+    if fraction is None:
+        return {k: v for k, v in kwargs.items() if k != "mem_fraction_static"}
+    rest = {k: v for k, v in kwargs.items() if k not in ("mem_fraction_static", "max_total_tokens")}
+    config = EngineConfig.from_kwargs(**rest)  # dtype and device as the engine will use them
+    folder = resolve_model_path(config.model_path)
+    tokens = pool_tokens_for(folder, float(fraction), config.dtype, config.device)
+    cap = kwargs.get("max_total_tokens")
+    logger.info(
+        "mem_fraction_static=%s: KV pool of %d tokens%s",
+        fraction,
+        min(tokens, cap) if cap is not None else tokens,
+        f" (capped by max_total_tokens from {tokens})" if cap is not None and cap < tokens else "",
+    )
+    return {**rest, "max_total_tokens": min(tokens, cap) if cap is not None else tokens}

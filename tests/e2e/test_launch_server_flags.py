@@ -88,6 +88,12 @@ def test_tensor_parallelism_points_to_the_router(flag) -> None:
     assert done.returncode == 2 and "sglang_router.launch_router" in done.stderr
 
 
+def test_no_room_for_a_pool_is_a_start_up_error() -> None:
+    done = launch("--mem-fraction-static", "0.0001", timeout=120)
+    assert done.returncode == 2
+    assert "mem_fraction_static=0.0001 of" in done.stderr and "raise the fraction" in done.stderr
+
+
 def test_dp_beyond_the_cores_is_a_start_up_error() -> None:
     done = launch("--dp", str((os.cpu_count() or 1) + 1))
     assert done.returncode == 2 and "CPU cores here" in done.stderr
@@ -152,7 +158,7 @@ def test_deployment_guide_command_line_serves(tmp_path) -> None:
         assert chat.json()["usage"]["prompt_tokens"] == expected  # our template, not the model's
         assert httpx.get(f"{url}/metrics", timeout=30).status_code == 200
         text = log.read_text()
-    assert "--mem-fraction-static 0.85: KV pool of 4096 tokens (capped" in text
+    assert "mem_fraction_static=0.85: KV pool of 4096 tokens (capped by max_total_tokens" in text
 
 
 def test_mem_fraction_static_sizes_the_pool_from_free_memory() -> None:

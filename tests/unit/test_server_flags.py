@@ -124,3 +124,18 @@ def test_worker_argv_replaces_the_per_worker_flags() -> None:
         "--api-key", "k", "--max-total-tokens", "64", "--host", "127.0.0.1", "--port", "31000",
         "--num-threads", "1", "--mem-fraction-static", "0.400000",
     ]  # fmt: skip
+
+
+def test_resolve_mem_fraction_sizes_and_caps_the_pool(smollm_folder) -> None:
+    from sgl_lite.backend.memory import resolve_mem_fraction
+
+    assert resolve_mem_fraction({"num_threads": 1}) == {"num_threads": 1}
+    per_token = memory.kv_bytes_per_token(smollm_folder, "float32")
+    weights = memory.weight_bytes(smollm_folder, "float32")
+    fraction = (weights + 50_000 * per_token) / memory.available_cpu_memory()
+    sized = resolve_mem_fraction({"mem_fraction_static": fraction, "device": "cpu"})
+    assert "mem_fraction_static" not in sized and abs(sized["max_total_tokens"] - 50_000) < 20_000
+    capped = resolve_mem_fraction(
+        {"mem_fraction_static": fraction, "device": "cpu", "max_total_tokens": 1000}
+    )
+    assert capped["max_total_tokens"] == 1000
