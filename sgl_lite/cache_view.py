@@ -96,7 +96,7 @@ def cached_sequences(tree: dict[str, Any]) -> list[list[int]]:
 
 
 def _label(node: dict[str, Any]) -> str:
-    parts = [f"hits {node['hits']}", f"last {node['last_access']}"]
+    parts = [f"hits {node['hits']}", f"last use {node['last_access']}"]
     if node["lock_ref"]:
         parts.insert(1, f"locked x{node['lock_ref']}")
     if len(node["children"]) > 1:
