@@ -253,7 +253,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         body += piece
         if len(body) > limit:
             raise ApiError(413, f"request body exceeds the {limit}-byte limit")
-    data = _loads(bytes(body))
+    data = _loads(body)
     if not isinstance(data, dict):
         raise ApiError(400, "the JSON body must be an object", param="body")
     return data
@@ -262,7 +262,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def _loads(body: bytes) -> Any:
+def _loads(body: bytes | bytearray) -> Any:
     """Decodes a JSON body; every way it can fail is a 400 naming the problem, never a 500."""
     try:
         data = json.loads(body)
