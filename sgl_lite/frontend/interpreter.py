@@ -89,6 +89,10 @@ class ProgramState:
                 role = None
         with self._cond:
             self._submit_role = role
+            if self._error is not None:
+                # NOTE: a failed program has no worker: queued work would never drain, and
+                # sync() would wait forever. Readers get the recorded error instead.
+                return
             for leaf in leaves:
                 if isinstance(leaf, _NAMED) and leaf.name is not None:
                     self._pending[leaf.name] = self._pending.get(leaf.name, 0) + 1
