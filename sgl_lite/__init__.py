@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sgl_lite.cache_view import show_cache
 from sgl_lite.frontend import globals as _globals
 from sgl_lite.frontend.api import (
     assistant,
@@ -94,6 +95,7 @@ __all__ = [
     "ProgramState",
     "ProgramError",
     "SglFunction",
+    "show_cache",
     "__version__",
     # refused (docs/sglang_parity.md): calling one raises NotImplementedError saying why
     "Anthropic",

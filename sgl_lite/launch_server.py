@@ -1,24 +1,67 @@
 """`python -m sgl_lite.launch_server --model-path default --port 30000`: the HTTP server.
 
 Parses SGLang's server flags, builds one Engine, and serves `create_app(engine)` under uvicorn.
-Binds to loopback unless --host says otherwise.
+Binds to loopback unless --host says otherwise. The deployment guide's command lines work as
+written: SGLang's common flags are accepted under their names (`--mem-fraction-static`,
+`--tp-size 1`, `--trust-remote-code`, ...), and an SGLang flag sgl_lite does not have is an
+error that names it and the nearest flag it does have. `--dp N` serves N worker processes
+behind sglang-router as one command (`cluster.py`).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib.util
 import logging
+import os
 import sys
 import threading
 import time
+from typing import NoReturn
 
 logger = logging.getLogger("sgl_lite.server")
+
+ROUTER_HINT = (
+    "sgl_lite runs one model replica per process; to use more cores or machines start one "
+    "server per port and put sglang-router in front: `pip install sglang-router`, then "
+    "`python -m sglang_router.launch_router --worker-urls http://127.0.0.1:30001 "
+    "http://127.0.0.1:30002 --policy cache_aware`"
+)
+
+
+class _SGLangParser(argparse.ArgumentParser):
+    """argparse that answers an unknown flag with the nearest flag we have (difflib)."""
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(self.describe_unknown(extras))
+        return parsed
+
+    def describe_unknown(self, extras: list[str]) -> str:
+        """The error for arguments the parser does not know."""
+        flags = [f.split("=", 1)[0] for f in extras if f.startswith("--")]
+        if not flags:
+            return f"unrecognized arguments: {' '.join(extras)}"
+        ours = sorted({o for a in self._actions for o in a.option_strings if o.startswith("--")})
+        parts = []
+        for flag in flags:
+            near = difflib.get_close_matches(flag, ours, n=1, cutoff=0.6)
+            hint = f"the closest name sgl_lite has is {near[0]}" if near else "no similar flag"
+            parts.append(f"{flag} is not a flag sgl_lite supports ({hint})")
+        return "; ".join(parts) + "; see --help for every flag"
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (SGLang's flag names)."""
-    p = argparse.ArgumentParser(
+    p = _SGLangParser(
         prog="python -m sgl_lite.launch_server",
+        usage="%(prog)s [--model-path PATH] [--host HOST] [--port PORT] [flags] (see --help)",
         description="Serve a model over SGLang's and OpenAI's HTTP APIs.",
     )
     p.add_argument(
@@ -79,7 +122,82 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
+    # --- SGLang's flags for the same things ---------------------------------------------------
+    p.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="size the KV pool from free memory: free x FRACTION - weights (CPU: available RAM); "
+        "--max-total-tokens, if given too, caps it",
+    )
+    p.add_argument(
+        "--tp-size",
+        "--tp",
+        "--tensor-parallel-size",
+        dest="tp_size",
+        type=int,
+        default=1,
+        help="only 1",
+    )
+    p.add_argument(
+        "--dp-size",
+        "--dp",
+        "--data-parallel-size",
+        dest="dp_size",
+        type=int,
+        default=1,
+        help="N > 1: N workers (a share of the cores each) behind sglang-router on --port",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let the tokenizer run its repository's code (the model always runs our own code)",
+    )
+    p.add_argument("--tokenizer-path", default=None, help="tokenizer folder (default: the model's)")
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="a .jinja/.json file, Jinja source, or a template name (chatml, llama-3-instruct...)",
+    )
+    p.add_argument(
+        "--enable-metrics", action="store_true", help="accepted; /metrics is always served"
+    )
     return p
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Rejects SGLang flag values sgl_lite cannot honour, with what to do instead (exit 2)."""
+    if args.tp_size < 1 or args.dp_size < 1:
+        parser.error("--tp-size and --dp-size must be >= 1")
+    if args.tp_size > 1:
+        parser.error(
+            f"--tp-size {args.tp_size}: tensor parallelism is not supported. {ROUTER_HINT}"
+        )
+    if args.dp_size > 1:
+        cores = os.cpu_count() or 1
+        if args.dp_size > cores:
+            parser.error(
+                f"--dp-size {args.dp_size} is larger than the {cores} CPU cores here: each "
+                "worker needs a core of its own; on several machines, run one server on each "
+                "behind sglang-router (README: Scale-out)"
+            )
+        if importlib.util.find_spec("sglang_router") is None:
+            parser.error(
+                f"--dp-size {args.dp_size} runs workers behind sglang-router, which is not "
+                "installed: pip install 'sgl_lite[cluster]' (or: pip install sglang-router)"
+            )
+    if args.chat_template is not None:
+        from sgl_lite.backend.tokenizer_overrides import resolve_chat_template
+
+        args.chat_template = chat_template_arg(args.chat_template)
+        try:
+            resolve_chat_template(args.chat_template)
+        except ValueError as exc:
+            from sgl_lite.frontend.chat_template import TEMPLATES
+
+            parser.error(f"--chat-template: {exc}; SGLang names: {', '.join(sorted(TEMPLATES))}")
+    if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
+        parser.error(f"--mem-fraction-static must be in (0, 1], got {args.mem_fraction_static}")
 
 
 _ENGINE_FLAGS = (
@@ -98,7 +216,25 @@ _ENGINE_FLAGS = (
     "random_seed",
     "max_queued_requests",
     "request_timeout",
+    "tokenizer_path",
+    "chat_template",
 )
+
+
+def chat_template_arg(value: str) -> str:
+    """--chat-template: SGLang's template names become Jinja; files and Jinja pass through."""
+    from pathlib import Path
+
+    from sgl_lite.frontend.chat_template import TEMPLATES
+
+    named = TEMPLATES.get(value)
+    if named is None or Path(value).expanduser().exists():
+        return value
+    from sgl_lite.backend.tokenizer_overrides import jinja_from_roles
+
+    return jinja_from_roles(
+        named.role_prefix_and_suffix, named.default_system_prompt, named.begin_text
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -106,7 +242,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = {
         name: getattr(args, name) for name in _ENGINE_FLAGS if getattr(args, name) is not None
     }
-    for flag in ("disable_radix_cache", "disable_jump_forward"):
+    for flag in ("disable_radix_cache", "disable_jump_forward", "trust_remote_code"):
         if getattr(args, flag):
             kwargs[flag] = True
     kwargs["log_level"] = args.log_level
@@ -115,6 +251,18 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     """Parses `argv`, loads the model and serves until interrupted."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)  # before the heavy imports: a bad flag fails in a blink
+    if args.dp_size > 1:
+        from sgl_lite.cluster import serve_cluster
+
+        logging.basicConfig(
+            level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s"
+        )
+        sys.exit(serve_cluster(args, argv))
+
     import uvicorn
 
     from sgl_lite.backend.engine import Engine
@@ -122,12 +270,17 @@ def main(argv: list[str] | None = None) -> None:
     from sgl_lite.backend.server.http_server import DEFAULT_MAX_BODY_BYTES
     from sgl_lite.backend.server.lifecycle import DrainingServer
 
-    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     started = time.perf_counter()
-    engine = Engine(model_path=args.model_path, **engine_kwargs(args))
+    kwargs = engine_kwargs(args)
+    if args.mem_fraction_static is not None:
+        kwargs["mem_fraction_static"] = args.mem_fraction_static  # the engine sizes its pool
+    try:
+        engine = Engine(model_path=args.model_path, **kwargs)
+    except ValueError as exc:  # a bad value, a missing model, no room for a KV pool
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     info = engine.get_server_info()
     pool_tokens = info["pool_free_tokens"] + info["pool_used_tokens"]
     logger.info(

@@ -49,7 +49,7 @@ class CacheManager:
         # Slots the tree already had for [prefix_len, already) are duplicates: ours go back.
         self.pool.free(req.slot_ids[req.prefix_len : already])
         old = req.last_node
-        result = self.tree.match_prefix(ids)
+        result = self.tree.match_prefix(ids, count_hit=False)  # its own tokens: not a reuse
         self.tree.lock(result.node)
         if old is not None:
             self.tree.unlock(old)

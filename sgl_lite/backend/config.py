@@ -50,6 +50,10 @@ class EngineConfig:
     # Overload and deadlines: None = unbounded queue / no deadline.
     max_queued_requests: int | None = None
     request_timeout: float | None = None
+    # SGLang's --tokenizer-path / --chat-template / --trust-remote-code (tokenizer_overrides.py)
+    tokenizer_path: str | None = None
+    chat_template: str | None = None
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if not self.device:

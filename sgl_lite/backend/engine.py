@@ -20,7 +20,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -30,6 +29,7 @@ from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.detokenizer import IncrementalDetokenizer
 from sgl_lite.backend.engine_info import engine_info
+from sgl_lite.backend.engine_setup import build_config, configure_logging, load_model
 from sgl_lite.backend.errors import EngineError, InvalidRequest
 from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.model_runner import ForwardOutput, Segment
@@ -60,15 +60,6 @@ class Runner(Protocol):
     def forward(self, segments: list[Segment]) -> ForwardOutput: ...
 
 
-def _configure_logging(level: str) -> None:
-    """Our own logger only: its level, and a handler when nothing would print its records."""
-    logger.setLevel(level.upper())
-    if not logger.hasHandlers():
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
-        logger.addHandler(handler)
-
-
 class Engine:
     """In-process engine: `Engine(model_path=None, **server_flags_in_snake_case)`, or
     `Engine(config, runner=..., tokenizer=...)` to drive a given runner and tokenizer."""
@@ -81,24 +72,11 @@ class Engine:
         tokenizer: Any = None,
         **kwargs: Any,
     ) -> None:
-        if isinstance(model_path, EngineConfig):
-            if kwargs:
-                raise ValueError(f"give a config or keyword arguments, not both: {sorted(kwargs)}")
-            self.config = model_path
-        else:
-            self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
-        config = self.config
-        _configure_logging(config.log_level)
+        self.config = config = build_config(model_path, kwargs)
+        configure_logging(config.log_level)
         if config.num_threads is not None:  # process-wide: only when asked (see EngineConfig)
             torch.set_num_threads(config.num_threads)
-        self.model_folder: Path | None = None
-        if runner is None or tokenizer is None:
-            from sgl_lite.backend.model_loader import load_tokenizer, resolve_model_path
-            from sgl_lite.backend.model_runner import ModelRunner
-
-            self.model_folder = resolve_model_path(config.model_path)
-            tokenizer = tokenizer or load_tokenizer(self.model_folder)
-            runner = runner or ModelRunner(self.model_folder, config)
+        self.model_folder, runner, tokenizer = load_model(config, runner, tokenizer)
         self.tokenizer = tokenizer
         self.runner = runner
         self.cache = CacheManager(runner.pool, config.disable_radix_cache)
@@ -233,6 +211,14 @@ class Engine:
     def get_server_info(self) -> dict[str, Any]:
         """Config, pool usage and cache statistics."""
         return self._call(lambda: engine_info(self))
+
+    def cache_tree(self, snippet_chars: int = 60) -> dict[str, Any]:
+        """The radix tree as JSON (`sgl_lite.cache_view.tree_to_dict`), copied on the loop
+        thread so it is one consistent instant; decoding runs in the caller's thread."""
+        from sgl_lite.cache_view import tree_to_dict
+
+        tree = self._call(self.cache.tree.export)
+        return tree_to_dict(tree, self.tokenizer.decode, snippet_chars)
 
     def check_integrity(self) -> None:
         """Asserts the slot invariant (free + cached + in use == total) on the loop thread."""

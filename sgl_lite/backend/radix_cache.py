@@ -28,7 +28,7 @@ _EMPTY = torch.empty(0, dtype=torch.int64)
 class TreeNode:
     """One edge of the tree: `key` token ids and the `value` slot ids that hold their KV."""
 
-    __slots__ = ("children", "key", "last_access", "lock_ref", "parent", "value")
+    __slots__ = ("children", "hits", "key", "last_access", "lock_ref", "parent", "value")
 
     def __init__(
         self,
@@ -37,6 +37,7 @@ class TreeNode:
         parent: TreeNode | None = None,
         lock_ref: int = 0,
         last_access: int = 0,
+        hits: int = 0,
     ) -> None:
         self.key = key
         self.value = value  # (len(key),) int64 slot ids on CPU
@@ -44,6 +45,7 @@ class TreeNode:
         self.parent = parent
         self.lock_ref = lock_ref
         self.last_access = last_access
+        self.hits = hits  # match_prefix lookups whose matched prefix covers this node
 
     @property
     def is_leaf(self) -> bool:
@@ -60,6 +62,26 @@ class MatchResult(NamedTuple):
 
     slot_ids: torch.Tensor
     node: TreeNode
+
+
+class NodeExport(NamedTuple):
+    """A read-only copy of one node; `children` are ordered by their first token."""
+
+    token_ids: tuple[int, ...]
+    num_slots: int
+    lock_ref: int
+    last_access: int
+    hits: int
+    children: tuple[NodeExport, ...]
+
+
+class TreeExport(NamedTuple):
+    """A read-only copy of the whole tree with its counters, taken at one instant."""
+
+    root: NodeExport
+    cached_tokens: int
+    protected_tokens: int
+    evicted_tokens: int
 
 
 class SplitResult(NamedTuple):
@@ -112,14 +134,22 @@ class RadixCache:
 
     # ---------------------------------------------------------------- lookup and insert
 
-    def match_prefix(self, ids: Sequence[int] | torch.Tensor) -> MatchResult:
+    def match_prefix(
+        self, ids: Sequence[int] | torch.Tensor, *, count_hit: bool = True
+    ) -> MatchResult:
         """Longest cached prefix of `ids`.
 
         Splits a node on a partial match so that the returned node ends exactly at the match
-        (the root if nothing matches), and marks the path as recently used.
+        (the root if nothing matches), marks the path as recently used and, unless `count_hit`
+        is False (a planning probe, a request re-finding its own tokens), counts a hit on every
+        node of it.
         """
         tokens = _as_token_list(ids)
         node, _, values = self._walk(tokens)
+        hit: TreeNode | None = node if count_hit else None
+        while hit is not None:  # the root's count is the number of lookups
+            hit.hits += 1
+            hit = hit.parent
         slot_ids = torch.cat(values) if values else _EMPTY.clone()
         return MatchResult(slot_ids, node)
 
@@ -127,9 +157,13 @@ class RadixCache:
         """Cache `ids` with their KV in `slot_ids`; returns how many leading tokens were cached.
 
         With `n` the return value, the tree takes ownership of `slot_ids[n:]` and leaves
-        `slot_ids[:n]` with the caller (who frees the ones that duplicate the tree's).
+        `slot_ids[:n]` with the caller (who frees the ones that duplicate the tree's). An empty
+        `ids` is a ValueError: the tree has no empty edges, and a caller that inserts nothing
+        has a bug upstream.
         """
         tokens = _as_token_list(ids)
+        if not tokens:
+            raise ValueError("RadixCache.insert: expected a non-empty token path, got []")
         slots = torch.as_tensor(slot_ids).to("cpu", torch.int64)
         if slots.dim() != 1 or slots.shape[0] != len(tokens):
             raise ValueError(
@@ -150,12 +184,13 @@ class RadixCache:
     def split_prompt(self, ids: Sequence[int] | torch.Tensor) -> SplitResult:
         """The execution plan for `ids`: cached prefix, uncached suffix, and the hit length.
 
-        Uses `match_prefix`, so it also refreshes the prefix's LRU position. A fully cached
+        Uses `match_prefix` (without counting a hit), so it also refreshes the prefix's LRU
+        position. A fully cached
         prompt gives an empty `miss_suffix`; a caller that needs logits for the last token
         should plan on `ids[:-1]`.
         """
         tokens = _as_token_list(ids)
-        hit_len = len(self.match_prefix(tokens).slot_ids)
+        hit_len = len(self.match_prefix(tokens, count_hit=False).slot_ids)
         return SplitResult(tokens[:hit_len], tokens[hit_len:], hit_len)
 
     def _walk(self, tokens: list[int]) -> tuple[TreeNode, int, list[torch.Tensor]]:
@@ -187,7 +222,9 @@ class RadixCache:
         """
         parent = child.parent
         assert parent is not None and 0 < k < len(child.key)
-        upper = TreeNode(child.key[:k], child.value[:k], parent, child.lock_ref, child.last_access)
+        upper = TreeNode(
+            child.key[:k], child.value[:k], parent, child.lock_ref, child.last_access, child.hits
+        )
         child.key, child.value = child.key[k:], child.value[k:]
         child.parent = upper
         upper.children[child.key[0]] = child
@@ -278,6 +315,23 @@ class RadixCache:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+    def export(self) -> TreeExport:
+        """A read-only copy of the tree (tokens, locks, last access, hits), children ordered by
+        first token. Built without recursion, so any depth of splits is fine."""
+        copies: dict[int, NodeExport] = {}
+        order: list[TreeNode] = []  # parents before children
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(node.children.values())
+        for node in reversed(order):  # children are copied before their parent
+            kids = tuple(copies.pop(id(node.children[t])) for t in sorted(node.children))
+            copies[id(node)] = NodeExport(
+                tuple(node.key), len(node.value), node.lock_ref, node.last_access, node.hits, kids
+            )
+        return TreeExport(copies[id(self.root)], self._cached, self._protected, self.evictions)
 
     def all_slot_ids(self) -> torch.Tensor:
         """Every slot id held by the tree, as one int64 CPU tensor."""

@@ -82,6 +82,7 @@ class Executor:
         # (nothing else could set it) instead of waiting.
         self._owner = threading.get_ident()
         self._children: list[Executor] = []
+        self._steps: list[tuple[str, str | None, Any]] = []  # (gen/select, name, meta_info)
 
     # --- adding work --------------------------------------------------------------------------
     def submit(self, leaves: list[ir.Expr]) -> None:
@@ -211,6 +212,17 @@ class Executor:
         with self._cond:
             return dict(self._meta)
 
+    def step_records(self) -> list[tuple[str, str | None, Any]]:
+        """(gen/select, name, meta_info) of every step run, this program's then its forks'
+        (waits for each to finish its queued work)."""
+        executors, records = [self], []
+        while executors:
+            ex = executors.pop(0)
+            ex.sync()
+            records += ex._steps
+            executors += ex._children
+        return records
+
     def wait_events(self, start: int) -> Events:
         """Waits for events past index `start` or the end of the program, and returns them."""
         with self._cond:
@@ -286,6 +298,7 @@ class Executor:
         elif isinstance(item, ir.Select):
             decision = self.backend.select(self._t.prompt(), item.choices, item.choices_method)
             self._fill(decision.decision, item.name)
+            self._steps.append(("select", item.name, decision.meta_info))
             self._set(item.name, decision.decision, decision.meta_info)
         elif isinstance(item, ir.VarScopeBegin):
             self._scopes[item.name] = len(self._t.text)
@@ -325,6 +338,7 @@ class Executor:
                 streamed = text
             if text != streamed:  # the final text trimmed what was streamed (a stop string)
                 self._t.text = self._t.text[: len(self._t.text) - len(streamed)] + text
+        self._steps.append(("gen", item.name, meta))
         self._set(item.name, text, meta)
 
     def _gen_alternatives(self, item: ir.Gen, prompt: Prompt, request: GenRequest, n: int) -> None:
@@ -339,6 +353,7 @@ class Executor:
         texts = [r.text for r in results]
         meta = {**results[0].meta_info, "alternatives": [dict(r.meta_info) for r in results]}
         self._fill(texts[0], item.name, meta)
+        self._steps.append(("gen", item.name, meta))
         self._set(item.name, texts, meta)
 
 

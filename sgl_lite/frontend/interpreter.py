@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from sgl_lite.cache_view import CacheReport
 from sgl_lite.frontend import ir
 from sgl_lite.frontend.backends.base import Backend
 from sgl_lite.frontend.executor import Executor, ProgramError
@@ -121,6 +122,10 @@ class ProgramState:
     def sync(self) -> None:
         """Waits until every queued step has run (or the program failed)."""
         self._exec.sync()
+
+    def cache_report(self) -> CacheReport:
+        """Prompt tokens, cached tokens and hit rate of each gen/select so far (forks after)."""
+        return CacheReport.from_records(self._exec.step_records())
 
     def error(self) -> BaseException | None:
         """The exception that stopped this program, or None."""

@@ -214,8 +214,11 @@ class SglFunction:
             bar = tqdm(total=len(states), desc="run_batch")
         try:
             if bar is not None:
+                prompt = cached = 0
                 for future in concurrent.futures.as_completed(futures):
-                    states[futures.index(future)].sync()
+                    report = states[futures.index(future)].cache_report()
+                    prompt, cached = prompt + report.prompt_tokens, cached + report.cached_tokens
+                    bar.set_postfix_str(f"cache hit {cached / max(prompt, 1):.1%}", refresh=False)
                     bar.update(1)
             for state, future in zip(states, futures):
                 future.result()

@@ -40,7 +40,6 @@ def test_insert_returns_count_of_already_cached_tokens() -> None:
     assert cache.insert([1, 2, 3, 4, 5], slots(7, 8, 9, 3, 4)) == 3
     assert cache.insert([1, 2], slots(7, 8)) == 2
     assert cache.insert([1, 6], slots(7, 5)) == 1
-    assert cache.insert([], slots()) == 0
     # The tree took only the uncached tails; 7, 8, 9 stayed with the callers.
     assert sorted(cache.all_slot_ids().tolist()) == [0, 1, 2, 3, 4, 5]
     assert cache.match_prefix([1, 2, 3, 4, 5]).slot_ids.tolist() == [0, 1, 2, 3, 4]
@@ -51,6 +50,71 @@ def test_insert_returns_count_of_already_cached_tokens() -> None:
 def test_insert_rejects_length_mismatch() -> None:
     with pytest.raises(ValueError, match="expected slot_ids"):
         RadixCache().insert([1, 2], slots(0))
+
+
+def test_insert_of_an_empty_token_path_is_a_value_error() -> None:
+    cache = RadixCache()
+    cache.insert([1], slots(0))
+    with pytest.raises(ValueError, match="non-empty token path"):
+        cache.insert([], slots())
+    with pytest.raises(ValueError, match="non-empty token path"):
+        cache.insert(torch.empty(0, dtype=torch.int64), slots())
+    assert cache.cached_tokens == 1
+    cache.check_integrity()
+
+
+def test_match_prefix_counts_hits_on_the_matched_path_and_splits_keep_them() -> None:
+    cache = RadixCache()
+    cache.insert([1, 2, 3, 4], slots(0, 1, 2, 3))
+    cache.match_prefix([1, 2, 3, 4])
+    cache.match_prefix([1, 2, 3, 4, 9])
+    (node,) = cache.root.children.values()
+    assert node.hits == 2 and cache.root.hits == 2
+    cache.match_prefix([1, 2, 7])  # splits [1, 2 | 3, 4]: the upper half has every hit
+    upper = cache.root.children[1]
+    assert upper.key == [1, 2] and upper.hits == 3
+    assert upper.children[3].key == [3, 4] and upper.children[3].hits == 2
+    cache.match_prefix([5])  # a miss counts on the root only
+    assert cache.root.hits == 4 and upper.hits == 3
+    # Planning probes and uncounted lookups leave the counts alone.
+    assert cache.split_prompt([1, 2, 3]).hit_len == 3
+    cache.match_prefix([1, 2], count_hit=False)
+    assert cache.root.hits == 4 and upper.hits == 3
+
+
+def test_export_is_a_sorted_read_only_copy_of_the_tree() -> None:
+    cache = RadixCache()
+    cache.insert([1, 2, 3], slots(0, 1, 2))
+    cache.insert([1, 2, 4, 5], slots(9, 9, 3, 4))
+    cache.insert([0], slots(5))
+    locked = cache.match_prefix([1, 2, 4, 5]).node
+    cache.lock(locked)
+    tree = cache.export()
+    assert (tree.cached_tokens, tree.protected_tokens, tree.evicted_tokens) == (6, 4, 0)
+    assert [c.token_ids for c in tree.root.children] == [(0,), (1, 2)]
+    shared = tree.root.children[1]
+    assert shared.lock_ref == 1 and shared.hits == 1 and shared.num_slots == 2
+    assert [(c.token_ids, c.lock_ref) for c in shared.children] == [((3,), 0), ((4, 5), 1)]
+    # A copy: later changes to the tree do not show in it.
+    cache.unlock(locked)
+    cache.evict(10)
+    assert tree.root.children[1].children[1].lock_ref == 1
+    assert cache.export().root.children == ()
+    assert cache.export().evicted_tokens == 6
+
+
+def test_export_handles_a_deeper_tree_than_the_recursion_limit() -> None:
+    cache = RadixCache()
+    depth = 1500
+    ids = list(range(depth))
+    cache.insert(ids, torch.arange(depth))
+    for k in range(1, depth):  # split after every token: a chain of `depth` nodes
+        cache.match_prefix(ids[:k] + [-1])
+    node, n = cache.export().root, 0
+    while node.children:
+        (node,) = node.children
+        n += 1
+    assert n == depth
 
 
 def test_lock_protects_path_from_eviction() -> None:
@@ -170,6 +234,10 @@ class RadixCacheMachine(RuleBasedStateMachine):
 
     @rule(ids=token_seqs)
     def insert(self, ids: list[int]) -> None:
+        if not ids:
+            with pytest.raises(ValueError):
+                self.cache.insert(ids, slots())
+            return
         new = self.pool.alloc(len(ids))
         if new is None:
             self.evict_and_check(len(ids) - self.pool.num_free)

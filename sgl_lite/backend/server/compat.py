@@ -52,6 +52,7 @@ GENERATE_NOOPS = frozenset(
         "external_trace_header",
         "received_time",
         "no_logs",
+        "model",  # sglang-router names the model it routed the request by
     }
 )
 # field -> (the values that mean "off", why anything else is refused)
@@ -195,6 +196,9 @@ def sampling_params(params: Any, where: str) -> Any:
 # --- OpenAI chat completions ----------------------------------------------------------------------
 CHAT_NOOPS = frozenset(
     {"user", "metadata", "safety_identifier", "prompt_cache_key", "prompt_cache_retention"}
+    # SGLang's reasoning switches (sglang-router sends them on every request): a no-op, as in
+    # SGLang, while no reasoning parser is configured
+    | {"separate_reasoning", "stream_reasoning"}
 )
 CHAT_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "functions": ((None, []), "the legacy functions API is not implemented; use tools"),
@@ -208,6 +212,9 @@ CHAT_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "web_search_options": ((None,), "web search is not available"),
     "store": ((None, False), "completions are not stored"),
     "service_tier": ((None, "auto", "default"), "there are no service tiers"),
+    # SGLang / vLLM extensions that sglang-router sends with their defaults
+    "continue_final_message": ((None, False), "continuing the last message is not implemented"),
+    "return_hidden_states": ((None, False), "hidden states are not returned"),
 }
 COMPLETION_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "best_of": ((None, 1), "best_of is not implemented; use n and rank the samples"),

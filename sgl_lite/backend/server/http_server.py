@@ -210,6 +210,12 @@ def create_app(
         chunks = await bridge.open_stream(sub)
         return StreamingResponse(_native_events(sub, chunks), media_type="text/event-stream")
 
+    @app.get("/cache_tree")
+    async def cache_tree(snippet_chars: int = 60) -> JSONResponse:
+        if not 1 <= snippet_chars <= 10_000:
+            raise ApiError(400, "snippet_chars must be in [1, 10000]", param="snippet_chars")
+        return JsonResponse(await bridge.call(engine.cache_tree, snippet_chars))
+
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
         return Response(await bridge.call(metrics.render), media_type=CONTENT_TYPE)

@@ -289,13 +289,43 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         body += piece
         if len(body) > limit:
             raise ApiError(413, f"request body exceeds the {limit}-byte limit")
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"malformed JSON body: {exc}", param="body") from None
+    data = _loads(body)
     if not isinstance(data, dict):
         raise ApiError(400, "the JSON body must be an object", param="body")
     return data
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _loads(body: bytes | bytearray) -> Any:
+    """Decodes a JSON body; every way it can fail is a 400 naming the problem, never a 500."""
+    try:
+        data = json.loads(body)
+    except RecursionError:  # the decoder recurses once per nesting level
+        raise ApiError(400, "malformed JSON body: nested too deeply", param="body") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int of 5000 digits
+        raise ApiError(400, f"malformed JSON body: {exc}", param="body") from None
+    # NOTE: a lone \ud800 escape decodes to a str that cannot be encoded again; look for one
+    # only when the raw body has such an escape at all (pairs decode to one code point).
+    if _SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(data):
+        raise ApiError(400, "malformed JSON body: a string holds a lone surrogate", param="body")
+    return data
+
+
+def _has_lone_surrogate(data: Any) -> bool:
+    stack = [data]
+    while stack:  # iterative: the value may be nested as deep as the decoder allowed
+        item = stack.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= c <= "\udfff" for c in item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def parse(model: type[BaseModel], data: dict[str, Any]) -> Any:

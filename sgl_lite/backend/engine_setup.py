@@ -1,0 +1,57 @@
+"""Engine start-up: the config from the caller's arguments, our logger, and the model and
+tokenizer the engine runs (unless the caller hands in its own, as the unit tests do).
+
+Nothing here runs on the loop thread; it all happens once, in `Engine.__init__`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from sgl_lite.backend.config import EngineConfig
+
+logger = logging.getLogger("sgl_lite")
+
+
+def build_config(model_path: str | EngineConfig | None, kwargs: dict[str, Any]) -> EngineConfig:
+    """The engine's config: a given `EngineConfig`, or one built from keyword arguments (SGLang's
+    `mem_fraction_static` becomes `max_total_tokens` first, as SGLang sizes its pool)."""
+    if isinstance(model_path, EngineConfig):
+        if kwargs:
+            raise ValueError(f"give a config or keyword arguments, not both: {sorted(kwargs)}")
+        return model_path
+    if "mem_fraction_static" in kwargs:
+        from sgl_lite.backend.memory import resolve_mem_fraction
+
+        kwargs = resolve_mem_fraction({"model_path": model_path, **kwargs})
+        model_path = kwargs.pop("model_path")
+    return EngineConfig.from_kwargs(model_path=model_path, **kwargs)
+
+
+def configure_logging(level: str) -> None:
+    """Our own logger only: its level, and a handler when nothing would print its records."""
+    logger.setLevel(level.upper())
+    if not logger.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+
+
+def load_model(config: EngineConfig, runner: Any, tokenizer: Any) -> tuple[Path | None, Any, Any]:
+    """(model folder, runner, tokenizer): whichever of runner and tokenizer is None is loaded
+    from `config.model_path` (tokenizer overrides: `tokenizer_path`, `chat_template`)."""
+    if runner is not None and tokenizer is not None:
+        return None, runner, tokenizer
+    # NOTE: imported here so an engine over a fake runner never loads the model code
+    from sgl_lite.backend.model_loader import resolve_model_path
+    from sgl_lite.backend.model_runner import ModelRunner
+    from sgl_lite.backend.tokenizer_overrides import load_tokenizer_with_overrides
+
+    folder = resolve_model_path(config.model_path)
+    if tokenizer is None:
+        tokenizer = load_tokenizer_with_overrides(
+            folder, config.tokenizer_path, config.chat_template, config.trust_remote_code
+        )
+    return folder, runner or ModelRunner(folder, config), tokenizer

@@ -1,0 +1,183 @@
+"""`python -m sgl_lite.launch_server` with the deployment guide's SGLang flags, as a process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import httpx
+import pytest
+
+from sgl_lite.backend import memory
+from tests.conftest import NUM_THREADS
+from tests.e2e.server_fixture import _free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "SGL_LITE_NUM_THREADS": str(NUM_THREADS)}
+
+
+def launch(*flags: str, timeout: float = 10) -> subprocess.CompletedProcess:
+    """Runs launch_server to completion (for flags that must fail before serving)."""
+    cmd = [sys.executable, "-m", "sgl_lite.launch_server", *flags]
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+
+
+class Server(NamedTuple):
+    """A launched server process: its loopback URL, its log file and the process."""
+
+    url: str
+    log: Path
+    proc: subprocess.Popen
+
+
+@contextlib.contextmanager
+def running(*flags: str, startup: float = 180) -> Iterator[Server]:
+    """Starts a server on a free port (binding 0.0.0.0); yields it once /health answers."""
+    port = _free_port()
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"sgl_lite-launch-{port}.log"
+    cmd = [sys.executable, "-m", "sgl_lite.launch_server", "--model-path", "default"]
+    cmd += ["--host", "0.0.0.0", "--port", str(port), *flags]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited {proc.returncode}: {log.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no /health after {startup} s: {log.read_text()}")
+            time.sleep(0.25)
+        yield Server(url, log, proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.unlink(missing_ok=True)
+
+
+def pool_tokens(url: str) -> int:
+    info = httpx.get(f"{url}/get_server_info", timeout=30).json()
+    return info["pool_free_tokens"] + info["pool_used_tokens"]
+
+
+def test_unknown_sglang_flag_exits_2_naming_it_and_the_nearest() -> None:
+    done = launch("--model-path", "default", "--max-totl-tokens", "100", "--enable-lora")
+    assert done.returncode == 2
+    assert "--max-totl-tokens is not a flag sgl_lite supports" in done.stderr
+    assert "closest name sgl_lite has is --max-total-tokens" in done.stderr
+    assert "--enable-lora is not a flag" in done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--tp", "--tp-size", "--tensor-parallel-size"])
+def test_tensor_parallelism_points_to_the_router(flag) -> None:
+    done = launch(flag, "2")
+    assert done.returncode == 2 and "sglang_router.launch_router" in done.stderr
+
+
+def test_no_room_for_a_pool_is_a_start_up_error() -> None:
+    done = launch("--mem-fraction-static", "0.0001", timeout=120)
+    assert done.returncode == 2
+    assert "mem_fraction_static=0.0001 of" in done.stderr and "raise the fraction" in done.stderr
+
+
+def test_dp_beyond_the_cores_is_a_start_up_error() -> None:
+    done = launch("--dp", str((os.cpu_count() or 1) + 1))
+    assert done.returncode == 2 and "CPU cores here" in done.stderr
+
+
+def children(pid: int) -> list[int]:
+    """Child process ids of `pid` (Linux /proc)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def test_dp_2_serves_two_workers_behind_the_router_and_stops_on_sigterm() -> None:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "sgl_lite.launch_server", "--dp", "2", "--port", str(port)]
+    cmd += ["--max-total-tokens", "2048", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    kids: list[int] = []
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the router did not come up"
+            time.sleep(0.5)
+        kids = children(proc.pid)
+        assert len(kids) == 3  # two workers and the router
+        for i in range(4):
+            body = {"text": f"Request {i}:", "sampling_params": {"max_new_tokens": 2}}
+            assert httpx.post(f"{url}/generate", json=body, timeout=60).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert not any(Path(f"/proc/{k}").exists() for k in kids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for k in kids + children(proc.pid):  # a failed run must not leave workers behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(k, signal.SIGKILL)
+
+
+def test_deployment_guide_command_line_serves(tmp_path) -> None:
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}Q: {{ m['content'] }}\n{% endfor %}A:")
+    # The guide's command plus SGLang's other common flags. --max-total-tokens caps the pool
+    # that 0.85 of this machine's RAM would give (as in SGLang), so the test stays small.
+    flags = ["--mem-fraction-static", "0.85", "--max-total-tokens", "4096", "--tp", "1"]
+    flags += ["--dp-size", "1", "--trust-remote-code", "--enable-metrics", "--log-level", "info"]
+    flags += ["--chat-template", str(template), "--tokenizer-path", str(memory_folder())]
+    with running(*flags) as (url, log, _):
+        assert pool_tokens(url) == 4096
+        chat = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "default", "messages": [{"role": "user", "content": "Hello"}],
+                  "max_tokens": 2, "temperature": 0},
+            timeout=60,
+        )  # fmt: skip
+        assert chat.status_code == 200, chat.text
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(memory_folder())
+        expected = len(tok.encode("Q: Hello\nA:", add_special_tokens=False))
+        assert chat.json()["usage"]["prompt_tokens"] == expected  # our template, not the model's
+        assert httpx.get(f"{url}/metrics", timeout=30).status_code == 200
+        text = log.read_text()
+    assert "mem_fraction_static=0.85: KV pool of 4096 tokens (capped by max_total_tokens" in text
+
+
+def test_mem_fraction_static_sizes_the_pool_from_free_memory() -> None:
+    folder = memory_folder()
+    per_token = memory.kv_bytes_per_token(folder, "float32")
+    weights = memory.weight_bytes(folder, "float32")
+    target = 12_000  # tokens: choose the fraction that should give about this many
+    fraction = (weights + target * per_token) / memory.available_cpu_memory()
+    with running("--mem-fraction-static", f"{fraction:.5f}") as (url, _, _):
+        tokens = pool_tokens(url)
+    # Free memory moves while other processes run; 4000 tokens of slack is ±3 GiB of RAM here.
+    assert abs(tokens - target) < 4000, (tokens, fraction)
+
+
+def memory_folder() -> Path:
+    from sgl_lite.backend.model_loader import resolve_model_path
+
+    return resolve_model_path(None)
