@@ -8,6 +8,9 @@ from dataclasses import dataclass, fields
 import torch
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# `auto` is resolved by the model runner against the checkpoint and the CPU (backend/weights/).
+DTYPE_CHOICES = ("auto", *DTYPES)
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 GRAMMAR_BACKENDS = ("outlines",)  # llguidance: not built yet (see the issue notes)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -25,7 +28,8 @@ class EngineConfig:
     model_path: str | None = None
     served_model_name: str | None = None
     device: str = ""
-    dtype: str = "float32"
+    dtype: str = "auto"
+    quantization: str = "auto"
     num_threads: int | None = None
     max_total_tokens: int = 32768
     max_running_requests: int = 64
@@ -45,8 +49,12 @@ class EngineConfig:
             object.__setattr__(self, "device", default_device())
         if self.num_threads is None and os.environ.get("SGL_LITE_NUM_THREADS"):
             object.__setattr__(self, "num_threads", int(os.environ["SGL_LITE_NUM_THREADS"]))
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
+            )
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(
                 f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
@@ -74,9 +82,9 @@ class EngineConfig:
             raise ValueError("grammar_compile_timeout must be > 0 seconds")
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        """The torch dtype of weights and KV."""
-        return DTYPES[self.dtype]
+    def torch_dtype(self) -> torch.dtype | None:
+        """The torch dtype asked for; None for `auto` (the model runner resolves it)."""
+        return DTYPES.get(self.dtype)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:

@@ -9,6 +9,7 @@ nothing about requests, sampling or the radix tree.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -17,7 +18,7 @@ import torch
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_loader import load_config, load_state_dict
+from sgl_lite.backend.model_loader import gguf_source, load_config, load_state_dict
 from sgl_lite.backend.models.llama import (
     AttentionGroup,
     AttentionMetadata,
@@ -25,8 +26,12 @@ from sgl_lite.backend.models.llama import (
     RotaryEmbedding,
     head_dim_of,
 )
+from sgl_lite.backend.weights.cpu import cpu_caps
+from sgl_lite.backend.weights.formats import WeightFormat, resolve_format
+from sgl_lite.backend.weights.gguf_tensors import read_quantized
+from sgl_lite.backend.weights.packing import pack_model, shape_problem
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("sgl_lite")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +65,8 @@ class ModelRunner:
     """Weights, KV pool and the batched forward pass."""
 
     def __init__(self, model_folder: Path, config: EngineConfig) -> None:
-        self.device = torch.device(config.device)
+        started = time.perf_counter()
+        self.device = _checked_device(config.device)
         self.hf_config = load_config(model_folder)
         model_max = getattr(self.hf_config, "max_position_embeddings", 2048)
         # We attend over the whole sequence; a sliding-window model (Mistral) is exact only
@@ -75,7 +81,8 @@ class ModelRunner:
             self.hf_config, head_dim_of(self.hf_config), self.context_length
         )
         model.load_hf_state_dict(load_state_dict(model_folder))
-        self.model = model.to(device=self.device, dtype=config.torch_dtype).eval()
+        self.format, pack_note = self._pack(model, model_folder, config)
+        self.model = model.to(device=self.device, dtype=self.format.dense_dtype).eval()
         self.model.rope.to(torch.float32)  # position tables stay exact whatever the weight dtype
         self.vocab_size = self.hf_config.vocab_size
         self.pool = KVPool(
@@ -83,16 +90,55 @@ class ModelRunner:
             num_slots=config.max_total_tokens,
             num_kv_heads=self.hf_config.num_key_value_heads,
             head_dim=head_dim_of(self.hf_config),
-            dtype=config.torch_dtype,
+            dtype=self.format.dense_dtype,
             device=self.device,
         )
+        logger.info(
+            "sgl_lite weights: %s%s; load %.1fs",
+            self.format.describe(),
+            pack_note,
+            time.perf_counter() - started,
+        )
+
+    def _pack(
+        self, model: LlamaForCausalLM, folder: Path, config: EngineConfig
+    ) -> tuple[WeightFormat, str]:
+        """Resolves dtype/quantization for this file and CPU and packs the linears to match."""
+        caps = cpu_caps() if self.device.type == "cpu" else None
+        quantized = {}
+        source = gguf_source(folder) if config.quantization in ("auto", "int4") else None
+        if source is not None and self.device.type == "cpu":
+            quantized = read_quantized(source, self.hf_config)
+        layer_bits = {w.bits for n, w in quantized.items() if n.startswith("model.layers.")}
+        file_kind = {4: "int4", 8: "int8"}.get(layer_bits.pop()) if len(layer_bits) == 1 else None
+        kind = config.quantization if config.quantization in ("int4", "int8") else file_kind
+        problem = shape_problem(model, kind) if kind and self.device.type == "cpu" else None
+        if problem and config.quantization == "auto":
+            file_kind, note = None, f"; int kernels skipped: {problem}"
+        elif problem:
+            raise ValueError(problem)
+        else:
+            note = ""
+        layer = model.layers[0].mlp.gate_up_proj
+        fmt = resolve_format(
+            dtype=config.dtype,
+            quantization=config.quantization,
+            device=self.device.type,
+            caps=caps,
+            file_kind=file_kind,
+            probe_shape=(layer.out_features, layer.in_features),
+        )
+        if fmt.int_kind is not None:
+            report = pack_model(model, fmt.int_kind, quantized, torch.float32)
+            note += "; " + report.describe()
+        return fmt, note
 
     def forward(self, segments: list[Segment]) -> ForwardOutput:
         """Runs one pass over all segments; returns the requested logits rows of all of them."""
         input_ids = torch.tensor(
             [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device
         )
-        meta = self._metadata(segments)
+        meta = self._metadata(segments, self._use_int(len(input_ids)))
         hidden = self.model(input_ids, meta, self.pool)  # (T, hidden)
         rows: list[int] = []
         ranges: list[tuple[int, int]] = []
@@ -104,12 +150,17 @@ class ModelRunner:
             offset += len(seg.token_ids)
         if rows:
             picked = hidden.index_select(0, torch.tensor(rows, device=hidden.device))
-            logits = self.model.compute_logits(picked)  # (R, vocab)
+            logits = self.model.compute_logits(picked, self._use_int(len(rows)))  # (R, vocab)
         else:
             logits = None
         return ForwardOutput(logits, ranges)
 
-    def _metadata(self, segments: list[Segment]) -> AttentionMetadata:
+    def _use_int(self, tokens: int) -> bool:
+        """Whether a pass over `tokens` rows runs the packed int kernels (see WeightFormat)."""
+        fmt = getattr(self, "format", None)  # absent on runners built around a bare model
+        return fmt is not None and fmt.int_kind is not None and tokens <= fmt.int_max_tokens
+
+    def _metadata(self, segments: list[Segment], use_int: bool = False) -> AttentionMetadata:
         dev = self.device
         offsets = [0]
         for seg in segments:
@@ -129,6 +180,7 @@ class ModelRunner:
             sin=sin,
             out_slots=torch.cat([s.kv_slots[s.start :] for s in segments]).to(dev),
             groups=groups,
+            use_int=use_int,
         )
 
     def _group(self, segments: list[Segment], offsets: list[int]) -> AttentionGroup:
@@ -155,3 +207,16 @@ class ModelRunner:
             kv_slots=kv_slots.to(dev),
             mask=mask[:, None].to(dev),
         )
+
+
+def _checked_device(device: str) -> torch.device:
+    """The torch device, or a clear error when the machine does not have it."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r} but CUDA is not available (torch {torch.__version__}, "
+            f"cuda build: {torch.version.cuda}); available: cpu"
+        )
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+    return dev

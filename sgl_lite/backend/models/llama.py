@@ -17,6 +17,8 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from sgl_lite.backend.kv_pool import KVPool
+from sgl_lite.backend.weights.linear import Linear
+from sgl_lite.backend.weights.quant import PackedWeight
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -49,6 +51,7 @@ class AttentionMetadata:
     sin: torch.Tensor  # (T, 1, D)
     out_slots: torch.Tensor  # (T,) pool slot that receives each new token's K/V
     groups: tuple[AttentionGroup, ...]
+    use_int: bool = False  # small pass: linears run their packed int kernels where they have one
 
 
 def rope_parameters(config: PretrainedConfig) -> dict:
@@ -125,13 +128,13 @@ class Attention(nn.Module):
         self.split_sizes = (q_size, kv_size, kv_size)
         bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
         # q, k and v share one matmul: three small GEMMs cost more than one on CPU.
-        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=bias)
+        self.o_proj = Linear(q_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, pool: KVPool) -> torch.Tensor:
         """x: (T, hidden) → (T, hidden)."""
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q, k, v = self.qkv_proj.run(x, meta.use_int).split(self.split_sizes, dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)  # (T, H, D)
         k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         v = v.view(T, self.num_kv_heads, self.head_dim)
@@ -144,7 +147,7 @@ class Attention(nn.Module):
             out = q.new_empty(T, self.num_heads, self.head_dim)
             for group in meta.groups:
                 out.index_copy_(0, group.rows, self._attend(q, group, pool))
-        return self.o_proj(out.reshape(T, -1))
+        return self.o_proj.run(out.reshape(T, -1), meta.use_int)
 
     def _attend(self, q: torch.Tensor, group: AttentionGroup, pool: KVPool) -> torch.Tensor:
         """Attention of one group's queries over their sequences → (T_g, H, D)."""
@@ -169,12 +172,12 @@ class MLP(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.intermediate = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=False)
-        self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * self.intermediate, bias=False)
+        self.down_proj = Linear(self.intermediate, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, use_int: bool = False) -> torch.Tensor:
+        gate, up = self.gate_up_proj.run(x, use_int).split(self.intermediate, dim=-1)
+        return self.down_proj.run(F.silu(gate) * up, use_int)
 
 
 class DecoderLayer(nn.Module):
@@ -192,7 +195,7 @@ class DecoderLayer(nn.Module):
         h = F.rms_norm(x, x.shape[-1:], self.input_layernorm, self.eps)
         x = x + self.self_attn(h, meta, pool)
         h = F.rms_norm(x, x.shape[-1:], self.post_attention_layernorm, self.eps)
-        return x + self.mlp(h)
+        return x + self.mlp(h, meta.use_int)
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
@@ -213,9 +216,11 @@ class LlamaForCausalLM(nn.Module):
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = (
-            None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            None if self.tied else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
+        # A packed copy of the LM head for passes with few logits rows (set by the runner).
+        self.head_packed: PackedWeight | None = None
 
     @torch.inference_mode()
     def forward(
@@ -228,8 +233,10 @@ class LlamaForCausalLM(nn.Module):
         return F.rms_norm(x, x.shape[-1:], self.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: (N, hidden) → float32 logits (N, vocab)."""
+    def compute_logits(self, hidden: torch.Tensor, use_int: bool = False) -> torch.Tensor:
+        """hidden: (N, hidden) → float32 logits (N, vocab); `head_packed` for few rows."""
+        if use_int and self.head_packed is not None:
+            return self.head_packed.matmul(hidden.to(torch.bfloat16)).float()
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
         return F.linear(hidden, weight).float()
 

@@ -1,0 +1,118 @@
+"""Packs a loaded model's linears for the int kernels, at load (packed layouts are CPU-specific,
+so nothing packed is ever written to disk).
+
+Each decoder linear gets a packed copy, and its dense weight is replaced by exactly the matrix
+the kernel multiplies by, so the dense path (prefill) and the int path (decode) compute with
+the same weights and differ only in activation rounding. The LM head gets an int8 copy for
+passes with few logits rows; its dense weight (often the tied embedding) stays the file's own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sgl_lite.backend.weights.quant import (
+    GroupAffine,
+    Int4Weight,
+    Int8Weight,
+    PackedWeight,
+    affine_int4,
+    check_shape,
+)
+
+# Fused linear of our model → the transformers weights it stacks, in order.
+FUSED_PARTS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "self_attn.o_proj": ("self_attn.o_proj",),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.down_proj": ("mlp.down_proj",),
+}
+
+
+@dataclass(frozen=True)
+class PackReport:
+    """What packing did: how long it took and the memory it holds."""
+
+    seconds: float
+    packed_bytes: int
+    dense_bytes: int
+    from_file: int  # linears packed from the file's own codes (no requantisation)
+    total: int
+
+    def describe(self) -> str:
+        """One phrase for the start-up line."""
+        return (
+            f"packed {self.total} linears ({self.from_file} from the file's codes) in "
+            f"{self.seconds:.1f}s: {self.packed_bytes / 2**20:.0f} MB packed + "
+            f"{self.dense_bytes / 2**20:.0f} MB dense copies for large passes"
+        )
+
+
+def _linears(model: nn.Module):
+    for i, layer in enumerate(model.layers):
+        for ours in FUSED_PARTS:
+            module, attr = ours.split(".")
+            yield i, ours, getattr(getattr(layer, module), attr)
+
+
+def shape_problem(model: nn.Module, kind: str) -> str | None:
+    """Why `kind` cannot pack this model's linears, or None if it can."""
+    for i, name, linear in _linears(model):
+        try:
+            check_shape(kind, linear.out_features, linear.in_features, f"layer {i} {name}")
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+def _nbytes(packed: PackedWeight) -> int:
+    tensors = (
+        (packed.packed, packed.scale_zeros)
+        if isinstance(packed, Int4Weight)
+        else (packed.q, packed.scales)
+    )
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _pack_one(
+    weight: torch.Tensor, kind: str, affine: GroupAffine | None
+) -> tuple[PackedWeight, torch.Tensor]:
+    """A packed weight and the float32 matrix the kernel multiplies by."""
+    if kind == "int8":
+        packed8 = Int8Weight.from_float(weight)
+        return packed8, packed8.dequantize()
+    affine = affine if affine is not None else affine_int4(weight)
+    return Int4Weight.from_affine(affine), Int4Weight.kernel_matrix(affine)
+
+
+def pack_model(
+    model: nn.Module, kind: str, quantized: dict[str, GroupAffine], dense_dtype: torch.dtype
+) -> PackReport:
+    """Gives every decoder linear and the LM head a packed `kind` copy (see the module doc).
+
+    `quantized` holds the file's own codes by transformers name (empty for a float checkpoint);
+    4-bit codes are packed exactly for int4, anything else is quantized from the float weight.
+    """
+    start = time.perf_counter()
+    packed_bytes = dense_bytes = from_file = total = 0
+    for i, name, linear in _linears(model):
+        parts = [quantized.get(f"model.layers.{i}.{p}.weight") for p in FUSED_PARTS[name]]
+        affine = None
+        if kind == "int4" and all(p is not None and p.bits == 4 for p in parts):
+            affine = GroupAffine.cat(parts)  # type: ignore[arg-type]
+            from_file += 1
+        packed, dense = _pack_one(linear.weight.detach(), kind, affine)
+        linear.packed = packed
+        linear.weight = nn.Parameter(dense.to(dense_dtype), requires_grad=False)
+        packed_bytes += _nbytes(packed)
+        dense_bytes += linear.weight.numel() * linear.weight.element_size()
+        total += 1
+    head = model.embed_tokens.weight if model.tied else model.lm_head.weight
+    # The head stays int8 even in int4 mode: GGUF files keep it at 8 bits or finer.
+    model.head_packed = Int8Weight.from_float(head.detach())
+    packed_bytes += _nbytes(model.head_packed)
+    return PackReport(time.perf_counter() - start, packed_bytes, dense_bytes, from_file, total)
