@@ -26,7 +26,7 @@ from sgl_lite.backend.models.llama import (
     RotaryEmbedding,
     head_dim_of,
 )
-from sgl_lite.backend.weights.cpu import cpu_caps
+from sgl_lite.backend.weights.cpu import cpu_caps, time_packed
 from sgl_lite.backend.weights.formats import WeightFormat, resolve_format
 from sgl_lite.backend.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.weights.packing import pack_model, shape_problem
@@ -119,18 +119,27 @@ class ModelRunner:
             raise ValueError(problem)
         else:
             note = ""
-        layer = model.layers[0].mlp.gate_up_proj
         fmt = resolve_format(
             dtype=config.dtype,
             quantization=config.quantization,
             device=self.device.type,
             caps=caps,
             file_kind=file_kind,
-            probe_shape=(layer.out_features, layer.in_features),
         )
-        if fmt.int_kind is not None:
-            report = pack_model(model, fmt.int_kind, quantized, torch.float32)
-            note += "; " + report.describe()
+        if fmt.int_kind is None:
+            return fmt, note
+        try:
+            packed = pack_model(model, fmt.int_kind, quantized)
+            timing = time_packed(fmt.int_kind, packed.probe_pairs(), fmt.dense_dtype)
+        except RuntimeError as exc:  # the kernel is missing or fails on this build/CPU
+            if config.quantization != "auto":
+                msg = f"quantization={config.quantization} cannot run here: {exc}"
+                raise ValueError(msg) from exc
+            return fmt.dense_only(f"{fmt.int_kind} kernel failed: {exc}"), note
+        if config.quantization == "auto" and not timing.wins:
+            return fmt.dense_only(f"{timing.describe()}: dense is faster here"), note
+        packed.install(model, torch.float32)  # cast with the rest of the model below
+        note += f"; {timing.describe()}; {packed.report.describe()}"
         return fmt, note
 
     def forward(self, segments: list[Segment]) -> ForwardOutput:
@@ -170,7 +179,7 @@ class ModelRunner:
         decodes = [i for i, s in enumerate(segments) if len(s.token_ids) == 1]
         extends = [i for i, s in enumerate(segments) if len(s.token_ids) > 1]
         groups = tuple(
-            self._group([segments[i] for i in members], [offsets[i] for i in members])
+            self._group([segments[i] for i in members], [offsets[i] for i in members], offsets[-1])
             for members in (extends, decodes)
             if members
         )
@@ -183,7 +192,7 @@ class ModelRunner:
             use_int=use_int,
         )
 
-    def _group(self, segments: list[Segment], offsets: list[int]) -> AttentionGroup:
+    def _group(self, segments: list[Segment], offsets: list[int], total: int) -> AttentionGroup:
         q_lens = torch.tensor([len(s.token_ids) for s in segments])
         batch, max_q = len(segments), int(q_lens.max())
         max_k = max(s.end for s in segments)
@@ -199,13 +208,19 @@ class ModelRunner:
         # Padding query rows attend to key 0 only, so softmax never sees an all-masked row.
         mask &= q_valid[:, :, None]
         mask[:, :, 0] |= ~q_valid
+        # The G query heads of one KV head attend as G*Q query rows (see Attention._attend).
+        config = self.model.config
+        per_kv = config.num_attention_heads // config.num_key_value_heads
+        mask = mask[:, None, None].expand(batch, 1, per_kv, max_q, max_k)
+        mask = None if bool(mask.all()) else mask.reshape(batch, 1, per_kv * max_q, max_k)
         dev = self.device
         return AttentionGroup(
             q_index=torch.where(q_valid, q_rows, 0).to(dev),
             q_flat=q_valid.flatten().nonzero().squeeze(1).to(dev),
             rows=q_rows[q_valid].to(dev),
             kv_slots=kv_slots.to(dev),
-            mask=mask[:, None].to(dev),
+            mask=None if mask is None else mask.to(dev),
+            rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
         )
 
 

@@ -36,7 +36,10 @@ class AttentionGroup:
     q_flat: torch.Tensor  # (T_g,) row of each real query in the (B * Q) padded layout
     rows: torch.Tensor  # (T_g,) the same queries' rows in the flat token matrix
     kv_slots: torch.Tensor  # (B, K) pool slots of each request's whole sequence; padding → 0
-    mask: torch.Tensor  # (B, 1, Q, K) True where the query may attend to the key
+    # (B, 1, G * Q, K) True where the query may attend to the key, rows repeated for the G query
+    # heads sharing a KV head; None when every query sees every key (one decode request)
+    mask: torch.Tensor | None
+    rows_in_order: bool = False  # q_index is arange(B)[:, None]: queries need no gather
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,10 +89,12 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(positions, inv_freq.float())  # (P, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (P, D)
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+        # The first half negated: rotate_half(x) * sin == roll(x, D/2) * sin_signed (exact).
+        sin = freqs.sin() * scaling
+        self.register_buffer("sin", torch.cat((-sin, sin), dim=-1), persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype):
-        """cos, sin (T, 1, D) at the given positions (T,)."""
+        """cos, signed sin (T, 1, D) at the given positions (T,), for `apply_rope`."""
         return (
             self.cos.index_select(0, positions).unsqueeze(1).to(dtype),
             self.sin.index_select(0, positions).unsqueeze(1).to(dtype),
@@ -97,8 +102,11 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates x (T, heads, D) by its positions' cos/sin tables (T, 1, D)."""
-    return x * cos + _rotate_half(x) * sin
+    """Rotates x (T, heads, D) by its positions' cos and signed sin tables (T, 1, D).
+
+    Equal to transformers' x * cos + rotate_half(x) * sin, in four ops instead of seven.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -108,11 +116,6 @@ def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     pool) costs milliseconds where index_select costs microseconds.
     """
     return table.index_select(0, index.flatten()).view(*index.shape, *table.shape[1:])
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class Attention(nn.Module):
@@ -133,12 +136,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, pool: KVPool) -> torch.Tensor:
         """x: (T, hidden) → (T, hidden)."""
-        T = x.shape[0]
-        q, k, v = self.qkv_proj.run(x, meta.use_int).split(self.split_sizes, dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)  # (T, H, D)
-        k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, meta.cos, meta.sin), apply_rope(k, meta.cos, meta.sin)
+        T, heads, qk_heads = x.shape[0], self.num_heads, self.num_heads + self.num_kv_heads
+        qkv = self.qkv_proj.run(x, meta.use_int).view(T, qk_heads + self.num_kv_heads, -1)
+        # q and k heads are adjacent in the fused output: one RoPE call rotates both.
+        qk = apply_rope(qkv[:, :qk_heads], meta.cos, meta.sin)  # (T, H + Hkv, D)
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]
         pool.write(self.layer_id, meta.out_slots, k, v)
 
         if len(meta.groups) == 1:  # the common case: the group's rows are all rows, in order
@@ -150,20 +152,31 @@ class Attention(nn.Module):
         return self.o_proj.run(out.reshape(T, -1), meta.use_int)
 
     def _attend(self, q: torch.Tensor, group: AttentionGroup, pool: KVPool) -> torch.Tensor:
-        """Attention of one group's queries over their sequences → (T_g, H, D)."""
-        q_batched = gather_rows(q, group.q_index).transpose(1, 2)  # (B, H, Q, D)
+        """Attention of one group's queries over their sequences → (T_g, H, D).
+
+        The G query heads that share a KV head are folded into the query-length axis, so SDPA
+        runs plain multi-head attention over the un-expanded K/V: exact, no K/V copy, and it
+        keeps the fast kernel (`enable_gqa` with a mask falls to a slow path, ~100x at batch 1).
+        """
+        batch, max_q = group.q_index.shape
+        kv_heads, dim = self.num_kv_heads, self.head_dim
+        per_kv = self.num_heads // kv_heads
+        if group.rows_in_order:  # one decode per request, the batch's only group
+            q_batched = q.view(batch, max_q, self.num_heads, dim)
+        else:
+            q_batched = gather_rows(q, group.q_index)  # (B, Q, H, D)
+        q_batched = q_batched.view(batch, max_q, kv_heads, per_kv, dim).permute(0, 2, 3, 1, 4)
+        q_batched = q_batched.reshape(batch, kv_heads, per_kv * max_q, dim)  # (B, Hkv, G*Q, D)
         k_batched = gather_rows(pool.k[self.layer_id], group.kv_slots).transpose(1, 2)
         v_batched = gather_rows(pool.v[self.layer_id], group.kv_slots).transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            q_batched,
-            k_batched,  # (B, Hkv, K, D)
-            v_batched,
-            attn_mask=group.mask,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )  # (B, H, Q, D)
-        batch, heads, max_q, dim = out.shape
-        out = out.transpose(1, 2).reshape(batch * max_q, heads, dim)  # (B * Q, H, D)
-        return out.index_select(0, group.q_flat)  # (T_g, H, D)
+            q_batched.to(k_batched.dtype), k_batched, v_batched, attn_mask=group.mask
+        )  # (B, Hkv, G*Q, D)
+        out = out.view(batch, kv_heads, per_kv, max_q, dim).permute(0, 3, 1, 2, 4)
+        out = out.reshape(batch * max_q, self.num_heads, dim)  # (B * Q, H, D)
+        if max_q == 1:  # decodes: every padded row is a real query, already in order
+            return out.to(q.dtype)
+        return out.index_select(0, group.q_flat).to(q.dtype)  # (T_g, H, D)
 
 
 class MLP(nn.Module):

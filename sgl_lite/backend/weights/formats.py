@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_lite.backend.weights.cpu import CpuCaps, time_int_kernel
+from sgl_lite.backend.weights.cpu import CpuCaps
 
 logger = logging.getLogger("sgl_lite")
 
@@ -39,6 +39,10 @@ class WeightFormat:
     int_kind: str | None
     int_max_tokens: int
     reason: str
+
+    def dense_only(self, why: str) -> WeightFormat:
+        """The same dense dtype without int kernels, and why they were dropped."""
+        return WeightFormat(self.dense_dtype, None, 0, f"{self.reason}; {why}")
 
     def describe(self) -> str:
         """`int4 for passes <= 16 tokens, float32 dense otherwise (why...)`."""
@@ -83,14 +87,14 @@ def resolve_format(
     device: str,
     caps: CpuCaps | None,
     file_kind: str | None,
-    probe_shape: tuple[int, int],
 ) -> WeightFormat:
     """Resolves the user's `dtype` and `quantization` for this model and machine.
 
     `file_kind` is the int kernel that matches the checkpoint's own quantization ("int4" for a
     GGUF of Q4_x layers), or None for a float checkpoint; `auto` never quantizes coarser than
-    the file. `probe_shape` is a representative (out, in) weight timed to confirm the kernel
-    beats the dense matmul on this CPU. Raises ValueError for a request that cannot run here.
+    the file. The runner then packs and times the kernels (`cpu.time_packed`) and, for `auto`,
+    keeps them only if they win (`dense_only`). Raises ValueError for a request that cannot run
+    here.
     """
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(
@@ -116,10 +120,5 @@ def resolve_format(
     max_tokens = INT_MAX_TOKENS_BF16_CPU if dense is torch.bfloat16 else INT_MAX_TOKENS_F32_CPU
     if caps is not None and caps.fast_bf16 and dense is torch.float32:
         max_tokens = INT_MAX_TOKENS_F32_CPU
-    timing = time_int_kernel(kind, *probe_shape, dense)
-    if quantization == "auto" and not timing.wins:
-        return WeightFormat(dense, None, 0, f"{dense_reason}; {timing.describe()}: dense is faster")
-    if timing.error is not None:
-        raise ValueError(f"quantization={quantization} cannot run here: {timing.error}")
-    source = "the file's own 4-bit weights" if quantization == "auto" else "requested"
-    return WeightFormat(dense, kind, max_tokens, f"{source}; {timing.describe()}; {dense_reason}")
+    source = "the file's own weights" if quantization == "auto" else "requested"
+    return WeightFormat(dense, kind, max_tokens, f"{source}; {dense_reason}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from sgl_lite.backend.weights.linear import Linear
 from sgl_lite.backend.weights.quant import (
     GroupAffine,
     Int4Weight,
@@ -89,16 +90,41 @@ def _pack_one(
     return Int4Weight.from_affine(affine), Int4Weight.kernel_matrix(affine)
 
 
-def pack_model(
-    model: nn.Module, kind: str, quantized: dict[str, GroupAffine], dense_dtype: torch.dtype
-) -> PackReport:
-    """Gives every decoder linear and the LM head a packed `kind` copy (see the module doc).
+@dataclass
+class PackedModel:
+    """Packed copies of a model's linears, not yet installed (so a failed probe changes nothing)."""
+
+    linears: list[tuple[Linear, PackedWeight, torch.Tensor]]  # (module, packed, kernel matrix)
+    head: Int8Weight
+    report: PackReport
+
+    def probe_pairs(self) -> list[tuple[PackedWeight, torch.Tensor]]:
+        """(packed, dense) of every layer's largest input-width linear, for `time_packed`."""
+        widest = max(linear.in_features * linear.out_features for linear, _, _ in self.linears[:4])
+        return [
+            (packed, dense)
+            for linear, packed, dense in self.linears
+            if linear.in_features * linear.out_features == widest
+        ]
+
+    def install(self, model: nn.Module, dense_dtype: torch.dtype) -> None:
+        """Gives each linear its packed copy and, as its dense weight, the kernel's matrix."""
+        for linear, packed, dense in self.linears:
+            linear.packed = packed
+            linear.weight = nn.Parameter(dense.to(dense_dtype), requires_grad=False)
+        model.head_packed = self.head
+
+
+def pack_model(model: nn.Module, kind: str, quantized: dict[str, GroupAffine]) -> PackedModel:
+    """Packs every decoder linear and the LM head for `kind` (see the module doc).
 
     `quantized` holds the file's own codes by transformers name (empty for a float checkpoint);
     4-bit codes are packed exactly for int4, anything else is quantized from the float weight.
+    Raises RuntimeError if torch's packing op fails on this build.
     """
     start = time.perf_counter()
-    packed_bytes = dense_bytes = from_file = total = 0
+    packed_bytes = dense_bytes = from_file = 0
+    linears = []
     for i, name, linear in _linears(model):
         parts = [quantized.get(f"model.layers.{i}.{p}.weight") for p in FUSED_PARTS[name]]
         affine = None
@@ -106,13 +132,14 @@ def pack_model(
             affine = GroupAffine.cat(parts)  # type: ignore[arg-type]
             from_file += 1
         packed, dense = _pack_one(linear.weight.detach(), kind, affine)
-        linear.packed = packed
-        linear.weight = nn.Parameter(dense.to(dense_dtype), requires_grad=False)
+        linears.append((linear, packed, dense))
         packed_bytes += _nbytes(packed)
-        dense_bytes += linear.weight.numel() * linear.weight.element_size()
-        total += 1
-    head = model.embed_tokens.weight if model.tied else model.lm_head.weight
+        dense_bytes += dense.numel() * dense.element_size()
+    source = model.embed_tokens.weight if model.tied else model.lm_head.weight
     # The head stays int8 even in int4 mode: GGUF files keep it at 8 bits or finer.
-    model.head_packed = Int8Weight.from_float(head.detach())
-    packed_bytes += _nbytes(model.head_packed)
-    return PackReport(time.perf_counter() - start, packed_bytes, dense_bytes, from_file, total)
+    head = Int8Weight.from_float(source.detach())
+    packed_bytes += _nbytes(head)
+    report = PackReport(
+        time.perf_counter() - start, packed_bytes, dense_bytes, from_file, len(linears)
+    )
+    return PackedModel(linears, head, report)
