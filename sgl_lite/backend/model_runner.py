@@ -219,6 +219,7 @@ class ModelRunner:
             q_flat=q_valid.flatten().nonzero().squeeze(1).to(dev),
             rows=q_rows[q_valid].to(dev),
             kv_slots=kv_slots.to(dev),
+            kv_flat=kv_slots.flatten().to(dev),
             mask=None if mask is None else mask.to(dev),
             rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
         )

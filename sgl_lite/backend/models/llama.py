@@ -36,6 +36,7 @@ class AttentionGroup:
     q_flat: torch.Tensor  # (T_g,) row of each real query in the (B * Q) padded layout
     rows: torch.Tensor  # (T_g,) the same queries' rows in the flat token matrix
     kv_slots: torch.Tensor  # (B, K) pool slots of each request's whole sequence; padding → 0
+    kv_flat: torch.Tensor  # (B * K,) the same, flattened for index_select
     # (B, 1, G * Q, K) True where the query may attend to the key, rows repeated for the G query
     # heads sharing a KV head; None when every query sees every key (one decode request)
     mask: torch.Tensor | None
@@ -167,8 +168,10 @@ class Attention(nn.Module):
             q_batched = gather_rows(q, group.q_index)  # (B, Q, H, D)
         q_batched = q_batched.view(batch, max_q, kv_heads, per_kv, dim).permute(0, 2, 3, 1, 4)
         q_batched = q_batched.reshape(batch, kv_heads, per_kv * max_q, dim)  # (B, Hkv, G*Q, D)
-        k_batched = gather_rows(pool.k[self.layer_id], group.kv_slots).transpose(1, 2)
-        v_batched = gather_rows(pool.v[self.layer_id], group.kv_slots).transpose(1, 2)
+        keys = pool.k_layers[self.layer_id].index_select(0, group.kv_flat)  # (B * K, Hkv, D)
+        values = pool.v_layers[self.layer_id].index_select(0, group.kv_flat)
+        k_batched = keys.view(batch, -1, kv_heads, dim).transpose(1, 2)  # (B, Hkv, K, D)
+        v_batched = values.view(batch, -1, kv_heads, dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q_batched.to(k_batched.dtype), k_batched, v_batched, attn_mask=group.mask
         )  # (B, Hkv, G*Q, D)
@@ -206,9 +209,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, meta, pool):
         h = F.rms_norm(x, x.shape[-1:], self.input_layernorm, self.eps)
-        x = x + self.self_attn(h, meta, pool)
+        x = x + self.self_attn.forward(h, meta, pool)  # .forward: no hook machinery per call
         h = F.rms_norm(x, x.shape[-1:], self.post_attention_layernorm, self.eps)
-        return x + self.mlp(h, meta.use_int)
+        return x + self.mlp.forward(h, meta.use_int)
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
@@ -242,7 +245,7 @@ class LlamaForCausalLM(nn.Module):
         """input_ids: (T,) → final hidden states (T, hidden); each token's K/V goes to the pool."""
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
-            x = layer(x, meta, pool)
+            x = layer.forward(x, meta, pool)
         return F.rms_norm(x, x.shape[-1:], self.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()
