@@ -32,6 +32,7 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        scratch_slots: int = 0,
     ) -> None:
         for name, value in (
             ("num_layers", num_layers),
@@ -45,7 +46,10 @@ class KVPool:
         self.num_slots = num_slots
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        # Scratch slots sit past num_slots, outside the free list and the slot accounting:
+        # padded rows of a CUDA-graph decode write their throw-away K/V there.
+        self.scratch_slot = num_slots if scratch_slots > 0 else None
+        shape = (num_layers, num_slots + scratch_slots, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, N, Hkv, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, N, Hkv, D)
         # Per-layer views, made once: `k[layer]` is a tensor op each time it is evaluated.

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 
 from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.decode_graphs import DecodeGraphs
 from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.model_loader import gguf_source, load_config, load_state_dict
 from sgl_lite.backend.models.llama import (
@@ -92,7 +93,9 @@ class ModelRunner:
             head_dim=head_dim_of(self.hf_config),
             dtype=self.format.dense_dtype,
             device=self.device,
+            scratch_slots=1,  # for the padded rows of graph-captured decode steps
         )
+        self.graphs = DecodeGraphs(self) if DecodeGraphs.wanted(self) else None
         logger.info(
             "sgl_lite weights: %s%s; load %.1fs",
             self.format.describe(),
@@ -144,6 +147,11 @@ class ModelRunner:
 
     def forward(self, segments: list[Segment]) -> ForwardOutput:
         """Runs one pass over all segments; returns the requested logits rows of all of them."""
+        graphs = getattr(self, "graphs", None)  # absent on runners built around a bare model
+        if graphs is not None:
+            replayed = graphs.run(segments)
+            if replayed is not None:
+                return replayed
         input_ids = torch.tensor(
             [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device
         )
