@@ -325,6 +325,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     systems = build_systems(args, chosen)
     results["env"]["weights"] = systems["sgl_lite"].engine.runner.format.describe()
+    results["env"]["device"] = systems["sgl_lite"].engine.config.device
     try:
         for w in chosen:
             results["workloads"][w] = run_workload(w, wl, systems, results, args)

@@ -67,6 +67,9 @@ class DecodeGraphs:
         self.buffers = {
             k: _Buffers(biggest, k, self.per_kv, vocab, runner.device) for k in self.buckets
         }
+        for buf in self.buffers.values():  # warm-up and capture runs write only the scratch slot
+            buf.out_slots.fill_(self.scratch)
+            buf.kv_slots.fill_(self.scratch)
         self.graphs: dict[tuple[int, int], Any] = {}
         self.captured = capture
         if capture:
