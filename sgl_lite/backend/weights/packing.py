@@ -1,10 +1,13 @@
 """Packs a loaded model's linears for the int kernels, at load (packed layouts are CPU-specific,
 so nothing packed is ever written to disk).
 
-Each decoder linear gets a packed copy, and its dense weight is replaced by exactly the matrix
-the kernel multiplies by, so the dense path (prefill) and the int path (decode) compute with
-the same weights and differ only in activation rounding. The LM head gets an int8 copy for
-passes with few logits rows; its dense weight (often the tied embedding) stays the file's own.
+Each decoder linear gets a packed copy. Packed from the file's own 4-bit codes, its dense weight
+stays the one the loader dequantized (exactly scale * q + min): the kernel multiplies by the
+same codes with scale and zero rounded to bf16, a relative 2^-9 per group, smaller than the bf16
+rounding of its activations. Quantized here from float weights (round-to-nearest), the dense
+weight is replaced by exactly the matrix the kernel multiplies by, so prefill and decode still
+see one model. The LM head gets an int8 copy for passes with few logits rows; its dense weight
+(often the tied embedding) stays the file's own.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ class PackReport:
         """One phrase for the start-up line."""
         return (
             f"packed {self.total} linears ({self.from_file} from the file's codes) in "
-            f"{self.seconds:.1f}s: {self.packed_bytes / 2**20:.0f} MB packed + "
-            f"{self.dense_bytes / 2**20:.0f} MB dense copies for large passes"
+            f"{self.seconds:.1f}s: {self.packed_bytes / 2**20:.0f} MB packed, on top of "
+            f"{self.dense_bytes / 2**20:.0f} MB of dense float32 linears for large passes"
         )
 
 
@@ -81,12 +84,14 @@ def _nbytes(packed: PackedWeight) -> int:
 
 def _pack_one(
     weight: torch.Tensor, kind: str, affine: GroupAffine | None
-) -> tuple[PackedWeight, torch.Tensor]:
-    """A packed weight and the float32 matrix the kernel multiplies by."""
+) -> tuple[PackedWeight, torch.Tensor | None]:
+    """A packed weight and the new dense weight (None: the file's own codes, keep it)."""
     if kind == "int8":
         packed8 = Int8Weight.from_float(weight)
         return packed8, packed8.dequantize()
-    affine = affine if affine is not None else affine_int4(weight)
+    if affine is not None:
+        return Int4Weight.from_affine(affine), None
+    affine = affine_int4(weight)
     return Int4Weight.from_affine(affine), Int4Weight.kernel_matrix(affine)
 
 
@@ -94,7 +99,8 @@ def _pack_one(
 class PackedModel:
     """Packed copies of a model's linears, not yet installed (so a failed probe changes nothing)."""
 
-    linears: list[tuple[Linear, PackedWeight, torch.Tensor]]  # (module, packed, kernel matrix)
+    # (module, packed, the kernel's matrix as the new dense weight, or None to keep the file's)
+    linears: list[tuple[Linear, PackedWeight, torch.Tensor | None]]
     head: Int8Weight
     report: PackReport
 
@@ -102,7 +108,7 @@ class PackedModel:
         """(packed, dense) of every layer's largest input-width linear, for `time_packed`."""
         widest = max(linear.in_features * linear.out_features for linear, _, _ in self.linears[:4])
         return [
-            (packed, dense)
+            (packed, linear.weight.detach() if dense is None else dense)
             for linear, packed, dense in self.linears
             if linear.in_features * linear.out_features == widest
         ]
@@ -111,7 +117,8 @@ class PackedModel:
         """Gives each linear its packed copy and, as its dense weight, the kernel's matrix."""
         for linear, packed, dense in self.linears:
             linear.packed = packed
-            linear.weight = nn.Parameter(dense.to(dense_dtype), requires_grad=False)
+            if dense is not None:
+                linear.weight = nn.Parameter(dense.to(dense_dtype), requires_grad=False)
         model.head_packed = self.head
 
 
@@ -134,7 +141,7 @@ def pack_model(model: nn.Module, kind: str, quantized: dict[str, GroupAffine]) -
         packed, dense = _pack_one(linear.weight.detach(), kind, affine)
         linears.append((linear, packed, dense))
         packed_bytes += _nbytes(packed)
-        dense_bytes += dense.numel() * dense.element_size()
+        dense_bytes += linear.weight.numel() * 4  # float32 until the model is cast
     source = model.embed_tokens.weight if model.tied else model.lm_head.weight
     # The head stays int8 even in int4 mode: GGUF files keep it at 8 bits or finer.
     head = Int8Weight.from_float(source.detach())
