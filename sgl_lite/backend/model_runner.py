@@ -18,6 +18,7 @@ import torch
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.decode_graphs import DecodeGraphs
+from sgl_lite.backend.decode_kv import DecodeKV, KVView
 from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.model_loader import gguf_source, load_config, load_state_dict
 from sgl_lite.backend.models.llama import (
@@ -96,6 +97,7 @@ class ModelRunner:
             scratch_slots=1,  # for the padded rows of graph-captured decode steps
         )
         self.graphs = DecodeGraphs(self) if DecodeGraphs.wanted(self) else None
+        self.decode_kv = DecodeKV(self.pool) if self.graphs is None else None
         logger.info(
             "sgl_lite weights: %s%s; load %.1fs",
             self.format.describe(),
@@ -156,7 +158,12 @@ class ModelRunner:
             [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device
         )
         meta = self._metadata(segments, self._use_int(len(input_ids)))
-        hidden = self.model(input_ids, meta, self.pool)  # (T, hidden)
+        try:
+            hidden = self.model(input_ids, meta, self.pool)  # (T, hidden)
+        except BaseException:
+            if getattr(self, "decode_kv", None) is not None:
+                self.decode_kv.reset()  # its copies may be half-updated
+            raise
         rows: list[int] = []
         ranges: list[tuple[int, int]] = []
         offset = 0
@@ -186,8 +193,12 @@ class ModelRunner:
         cos, sin = self.model.rope.tables(positions, self.model.embed_tokens.weight.dtype)
         decodes = [i for i, s in enumerate(segments) if len(s.token_ids) == 1]
         extends = [i for i, s in enumerate(segments) if len(s.token_ids) > 1]
+        decode_kv = getattr(self, "decode_kv", None)  # absent on runners built around a model
+        kv_view = decode_kv.plan(segments) if decode_kv is not None else None
         groups = tuple(
-            self._group([segments[i] for i in members], [offsets[i] for i in members], offsets[-1])
+            self._group(
+                [segments[i] for i in members], [offsets[i] for i in members], offsets[-1], kv_view
+            )
             for members in (extends, decodes)
             if members
         )
@@ -200,7 +211,9 @@ class ModelRunner:
             use_int=use_int,
         )
 
-    def _group(self, segments: list[Segment], offsets: list[int], total: int) -> AttentionGroup:
+    def _group(
+        self, segments: list[Segment], offsets: list[int], total: int, kv_view: KVView | None
+    ) -> AttentionGroup:
         q_lens = torch.tensor([len(s.token_ids) for s in segments])
         batch, max_q = len(segments), int(q_lens.max())
         max_k = max(s.end for s in segments)
@@ -230,6 +243,7 @@ class ModelRunner:
             kv_flat=kv_slots.flatten().to(dev),
             mask=None if mask is None else mask.to(dev),
             rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
+            kv_view=kv_view,
         )
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from sgl_lite.backend.decode_kv import KVView
 from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.weights.linear import Linear
 from sgl_lite.backend.weights.quant import PackedWeight
@@ -41,6 +42,7 @@ class AttentionGroup:
     # heads sharing a KV head; None when every query sees every key (one decode request)
     mask: torch.Tensor | None
     rows_in_order: bool = False  # q_index is arange(B)[:, None]: queries need no gather
+    kv_view: KVView | None = None  # decode steps: K/V kept gathered between steps (decode_kv)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,14 +147,21 @@ class Attention(nn.Module):
         pool.write(self.layer_id, meta.out_slots, k, v)
 
         if len(meta.groups) == 1:  # the common case: the group's rows are all rows, in order
-            out = self._attend(q, meta.groups[0], pool)
+            out = self._attend(q, meta.groups[0], pool, k, v)
         else:
             out = q.new_empty(T, self.num_heads, self.head_dim)
             for group in meta.groups:
                 out.index_copy_(0, group.rows, self._attend(q, group, pool))
         return self.o_proj.run(out.reshape(T, -1), meta.use_int)
 
-    def _attend(self, q: torch.Tensor, group: AttentionGroup, pool: KVPool) -> torch.Tensor:
+    def _attend(
+        self,
+        q: torch.Tensor,
+        group: AttentionGroup,
+        pool: KVPool,
+        k_new: torch.Tensor | None = None,
+        v_new: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Attention of one group's queries over their sequences → (T_g, H, D).
 
         The G query heads that share a KV head are folded into the query-length axis, so SDPA
@@ -168,10 +177,7 @@ class Attention(nn.Module):
             q_batched = gather_rows(q, group.q_index)  # (B, Q, H, D)
         q_batched = q_batched.view(batch, max_q, kv_heads, per_kv, dim).permute(0, 2, 3, 1, 4)
         q_batched = q_batched.reshape(batch, kv_heads, per_kv * max_q, dim)  # (B, Hkv, G*Q, D)
-        keys = pool.k_layers[self.layer_id].index_select(0, group.kv_flat)  # (B * K, Hkv, D)
-        values = pool.v_layers[self.layer_id].index_select(0, group.kv_flat)
-        k_batched = keys.view(batch, -1, kv_heads, dim).transpose(1, 2)  # (B, Hkv, K, D)
-        v_batched = values.view(batch, -1, kv_heads, dim).transpose(1, 2)
+        k_batched, v_batched = self._keys_values(group, pool, k_new, v_new)  # (B, Hkv, K, D)
         out = F.scaled_dot_product_attention(
             q_batched.to(k_batched.dtype), k_batched, v_batched, attn_mask=group.mask
         )  # (B, Hkv, G*Q, D)
@@ -180,6 +186,32 @@ class Attention(nn.Module):
         if max_q == 1:  # decodes: every padded row is a real query, already in order
             return out.to(q.dtype)
         return out.index_select(0, group.q_flat).to(q.dtype)  # (T_g, H, D)
+
+    def _keys_values(
+        self,
+        group: AttentionGroup,
+        pool: KVPool,
+        k_new: torch.Tensor | None,
+        v_new: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's K and V (B, Hkv, K, D): gathered from the pool, or from the decode copies."""
+        batch, max_k = group.kv_slots.shape
+        shape = (batch, max_k, self.num_kv_heads, self.head_dim)
+        view = group.kv_view
+        layer = self.layer_id
+        if view is None or k_new is None:
+            keys = pool.k_layers[layer].index_select(0, group.kv_flat).view(shape)
+            values = pool.v_layers[layer].index_select(0, group.kv_flat).view(shape)
+            return keys.transpose(1, 2), values.transpose(1, 2)
+        full = (batch, view.capacity, self.num_kv_heads, self.head_dim)
+        keys, values = view.k[layer].view(full), view.v[layer].view(full)
+        if view.fresh:
+            keys[:, :max_k] = pool.k_layers[layer].index_select(0, group.kv_flat).view(shape)
+            values[:, :max_k] = pool.v_layers[layer].index_select(0, group.kv_flat).view(shape)
+        else:  # the previous step's rows plus this step's token, which the pool has too
+            view.k[layer].index_copy_(0, view.new_index, k_new.to(keys.dtype))
+            view.v[layer].index_copy_(0, view.new_index, v_new.to(values.dtype))
+        return keys[:, :max_k].transpose(1, 2), values[:, :max_k].transpose(1, 2)
 
 
 class MLP(nn.Module):
