@@ -18,7 +18,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from sgl_lite.backend.decode_kv import KVView
 from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.weights.linear import Linear
+from sgl_lite.backend.weights.linear import Linear, dense_as_kernel
 from sgl_lite.backend.weights.quant import PackedWeight
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -269,6 +269,7 @@ class LlamaForCausalLM(nn.Module):
         self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
         # A packed copy of the LM head for passes with few logits rows (set by the runner).
         self.head_packed: PackedWeight | None = None
+        self.head_dense: torch.Tensor | None = None  # its values, dense, for many rows
 
     @torch.inference_mode()
     def forward(
@@ -283,8 +284,10 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, use_int: bool = False) -> torch.Tensor:
         """hidden: (N, hidden) → float32 logits (N, vocab); `head_packed` for few rows."""
-        if use_int and self.head_packed is not None:
-            return self.head_packed.matmul(hidden.to(torch.bfloat16)).float()
+        if self.head_packed is not None:
+            if use_int:
+                return self.head_packed.matmul(hidden.to(torch.bfloat16)).float()
+            return dense_as_kernel(hidden, self.head_dense).float()
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
         return F.linear(hidden, weight).float()
 

@@ -91,25 +91,25 @@ class _Cursor:
     def __init__(self, data: mmap.mmap) -> None:
         self.data, self.pos = data, 0
 
-    def int(self, size: int) -> int:
+    def uint(self, size: int) -> int:
         (value,) = struct.unpack_from(self._FORMATS[size], self.data, self.pos)
         self.pos += size
         return value
 
     def string(self) -> str:
-        n = self.int(8)
+        n = self.uint(8)
         self.pos += n
         return self.data[self.pos - n : self.pos].decode("utf-8", errors="replace")
 
     def skip_value(self, kind: int) -> int | None:
         """Skips one metadata value; returns it when it is a fixed-size integer."""
         if kind in _FIXED:
-            return self.int(_FIXED[kind])
+            return self.uint(_FIXED[kind])
         if kind == _STRING:
-            n = self.int(8)  # read first: `pos += self.int(8)` would add to the stale pos
+            n = self.uint(8)  # read first: `pos += self.uint(8)` would add to the stale pos
             self.pos += n
         elif kind == _ARRAY:
-            item, count = self.int(4), self.int(8)
+            item, count = self.uint(4), self.uint(8)
             if item in _FIXED:
                 self.pos += _FIXED[item] * count
             else:  # strings (the vocabulary): each carries its own length
@@ -132,20 +132,20 @@ def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffin
     if data[:4] != b"GGUF":
         raise ValueError(f"{path} is not a GGUF file")
     cur.pos = 4
-    version, n_tensors, n_kv = cur.int(4), cur.int(8), cur.int(8)
+    version, n_tensors, n_kv = cur.uint(4), cur.uint(8), cur.uint(8)
     if version < 2:
         raise ValueError(f"{path}: GGUF version {version} is not supported")
     alignment = 32
     for _ in range(n_kv):
-        key, kind = cur.string(), cur.int(4)
+        key, kind = cur.string(), cur.uint(4)
         value = cur.skip_value(kind)
         if key == "general.alignment" and value:
             alignment = value
     infos = []
     for _ in range(n_tensors):
-        name, n_dims = cur.string(), cur.int(4)
-        dims = [cur.int(8) for _ in range(n_dims)]
-        infos.append((name, dims, cur.int(4), cur.int(8)))
+        name, n_dims = cur.string(), cur.uint(4)
+        dims = [cur.uint(8) for _ in range(n_dims)]
+        infos.append((name, dims, cur.uint(4), cur.uint(8)))
     base = -(-cur.pos // alignment) * alignment
     permute = config.model_type == "llama"
     out: dict[str, GroupAffine] = {}
@@ -153,7 +153,7 @@ def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffin
         hf, block = hf_name(name), _BLOCK_TYPES.get(type_id)
         if hf is None or block is None:
             continue
-        kind, block_bytes = block
+        block_kind, block_bytes = block
         rows, cols = int(np.prod(dims[1:])), dims[0]  # GGUF lists the innermost dimension first
         size = rows * cols // GROUP * block_bytes
         raw = np.frombuffer(data, np.uint8, size, base + offset).reshape(rows, -1)
@@ -161,5 +161,5 @@ def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffin
             # whole rows of blocks move, so permuting the raw bytes is exact and cheap
             heads = config.num_key_value_heads if "k_proj" in hf else config.num_attention_heads
             raw = raw[_unpermute_rows(rows, heads).numpy()]
-        out[hf] = _decode_blocks(kind, raw, rows)
+        out[hf] = _decode_blocks(block_kind, raw, rows)
     return out

@@ -20,7 +20,23 @@ class Linear(nn.Linear):
 
     def run(self, x: torch.Tensor, use_int: bool) -> torch.Tensor:
         """x (T, in) → (T, out) in x's dtype; the int kernel when asked and present."""
-        if use_int and self.packed is not None:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        if use_int:
             out = self.packed.matmul(x.to(torch.bfloat16)).to(x.dtype)
             return out if self.bias is None else out + self.bias
-        return F.linear(x, self.weight, self.bias)
+        return dense_as_kernel(x, self.weight, self.bias)
+
+
+def dense_as_kernel(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A dense matmul that rounds like the int kernels: bf16 activations in, bf16 values out.
+
+    The prefill of a token and its decode then differ in summation order only (see packing);
+    the two casts cost little next to a prefill's GEMM.
+    """
+    if x.dtype == torch.bfloat16:
+        return F.linear(x, weight, bias)
+    out = F.linear(x.to(torch.bfloat16).to(x.dtype), weight).to(torch.bfloat16).to(x.dtype)
+    return out if bias is None else out + bias

@@ -1,19 +1,18 @@
 """Packs a loaded model's linears for the int kernels, at load (packed layouts are CPU-specific,
 so nothing packed is ever written to disk).
 
-Each decoder linear gets a packed copy. Packed from the file's own 4-bit codes, its dense weight
-stays the one the loader dequantized (exactly scale * q + min): the kernel multiplies by the
-same codes with scale and zero rounded to bf16, a relative 2^-9 per group, smaller than the bf16
-rounding of its activations. Quantized here from float weights (round-to-nearest), the dense
-weight is replaced by exactly the matrix the kernel multiplies by, so prefill and decode still
-see one model. The LM head gets an int8 copy for passes with few logits rows; its dense weight
-(often the tied embedding) stays the file's own.
-"""
+One model, two paths: each decoder linear gets a packed copy, and its dense weight becomes
+exactly the matrix the kernel multiplies by (the file's codes with scale and zero rounded to
+bf16, or our round-to-nearest codes for a float checkpoint); the LM head gets an int8 copy and a
+dense head of the same int8 values. `Linear.run` also rounds the dense path's activations as the
+kernels do, so a token computed in a prefill (dense) and the same token in a decode step (int)
+differ only in summation order: greedy output stays the same with the cache on and off."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -56,14 +55,14 @@ class PackReport:
         )
 
 
-def _linears(model: nn.Module):
+def _linears(model: Any):  # a LlamaForCausalLM (not imported: it imports this package)
     for i, layer in enumerate(model.layers):
         for ours in FUSED_PARTS:
             module, attr = ours.split(".")
             yield i, ours, getattr(getattr(layer, module), attr)
 
 
-def shape_problem(model: nn.Module, kind: str) -> str | None:
+def shape_problem(model: Any, kind: str) -> str | None:
     """Why `kind` cannot pack this model's linears, or None if it can."""
     for i, name, linear in _linears(model):
         try:
@@ -89,9 +88,7 @@ def _pack_one(
     if kind == "int8":
         packed8 = Int8Weight.from_float(weight)
         return packed8, packed8.dequantize()
-    if affine is not None:
-        return Int4Weight.from_affine(affine), None
-    affine = affine_int4(weight)
+    affine = affine if affine is not None else affine_int4(weight)
     return Int4Weight.from_affine(affine), Int4Weight.kernel_matrix(affine)
 
 
@@ -113,16 +110,18 @@ class PackedModel:
             if linear.in_features * linear.out_features == widest
         ]
 
-    def install(self, model: nn.Module, dense_dtype: torch.dtype) -> None:
+    def install(self, model: Any, dense_dtype: torch.dtype) -> None:
         """Gives each linear its packed copy and, as its dense weight, the kernel's matrix."""
         for linear, packed, dense in self.linears:
             linear.packed = packed
             if dense is not None:
                 linear.weight = nn.Parameter(dense.to(dense_dtype), requires_grad=False)
         model.head_packed = self.head
+        # A dense head of the int8 values (untied from the embedding, which stays the file's).
+        model.head_dense = nn.Parameter(self.head.dequantize().to(dense_dtype), requires_grad=False)
 
 
-def pack_model(model: nn.Module, kind: str, quantized: dict[str, GroupAffine]) -> PackedModel:
+def pack_model(model: Any, kind: str, quantized: dict[str, GroupAffine]) -> PackedModel:
     """Packs every decoder linear and the LM head for `kind` (see the module doc).
 
     `quantized` holds the file's own codes by transformers name (empty for a float checkpoint);

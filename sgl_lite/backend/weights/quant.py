@@ -141,7 +141,8 @@ class Int8Weight:
     @property
     def shape(self) -> tuple[int, int]:
         """(out_features, in_features)."""
-        return tuple(self.q.shape)
+        rows, cols = self.q.shape
+        return rows, cols
 
 
 PackedWeight = Int4Weight | Int8Weight
