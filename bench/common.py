@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jsonschema
 
 from bench.workloads import Workloads
-from sgl_lite.frontend.choices import common_prefix_len
+from sgl_lite.common import common_prefix_len
 
 
 class Skipped(Exception):

@@ -18,7 +18,6 @@ import torch
 
 from bench.common import (
     ChatRun,
-    common_prefix_len,
     decide,
     eos_ids,
     json_figures,
@@ -28,6 +27,7 @@ from bench.common import (
     strip_eos,
 )
 from bench.workloads import Workloads
+from sgl_lite.common import common_prefix_len
 
 
 def load_hf_model(folder: Any) -> Any:

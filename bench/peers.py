@@ -13,7 +13,6 @@ from typing import Any
 from bench.common import (
     ChatRun,
     Skipped,
-    common_prefix_len,
     decide,
     eos_ids,
     json_figures,
@@ -23,6 +22,7 @@ from bench.common import (
     strip_eos,
 )
 from bench.workloads import Workloads
+from sgl_lite.common import common_prefix_len
 
 
 def _require(module: str) -> Any:

@@ -132,8 +132,8 @@ def measure(system: Any, method: str, wl: Workloads, repeats: int) -> dict[str, 
 def w1_agreement(a: dict, b: dict, hf_model: Any) -> tuple[float | None, list[dict]]:
     """Turn-by-turn agreement of two W1 runs where their prompts are identical; for each
     disagreement, the HF model's top-2 logit margin at the first differing token."""
-    from bench.common import common_prefix_len
     from bench.hf_baselines import top2_margin
+    from sgl_lite.common import common_prefix_len
 
     ra, rb = a["_run"], b["_run"]
     compared, agreed, diffs = 0, 0, []

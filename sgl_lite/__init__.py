@@ -1,9 +1,14 @@
-"""sgl_lite: SGLang's frontend language over a small engine; `import sgl_lite as sgl`."""
+"""sgl_lite: SGLang's frontend language over a small engine; `import sgl_lite as sgl`.
+
+Importing it loads the frontend only (no torch, no outlines-core); `sgl.Engine` loads the engine
+on first use.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from sgl_lite.frontend import globals as _globals
 from sgl_lite.frontend.api import (
     assistant,
     assistant_begin,
@@ -20,32 +25,32 @@ from sgl_lite.frontend.api import (
     user_begin,
     user_end,
 )
+from sgl_lite.frontend.backends.engine import EngineBackend
+from sgl_lite.frontend.backends.openai import OpenAI
+from sgl_lite.frontend.backends.runtime import Runtime
+from sgl_lite.frontend.backends.runtime_endpoint import RuntimeEndpoint
 from sgl_lite.frontend.choices import (
     greedy_token_selection,
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from sgl_lite.frontend.globals import flush_cache, get_server_info, set_default_backend
+from sgl_lite.frontend.globals import set_default_backend
 from sgl_lite.frontend.interpreter import ProgramError, ProgramState
-from sgl_lite.frontend.program import SglFunction
+from sgl_lite.frontend.program import SglFunction, flush_cache, get_server_info
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "Runtime": "sgl_lite.frontend.backends.runtime",
-    "RuntimeEndpoint": "sgl_lite.frontend.backends.runtime_endpoint",
-    "OpenAI": "sgl_lite.frontend.backends.openai",
-    "EngineBackend": "sgl_lite.frontend.backends.engine",
-    "Engine": "sgl_lite.backend.engine",
-}
+# A program run without a backend, when none was set, starts `sgl.Runtime()` on the embedded
+# model (the program layer calls this factory; it cannot import the backends above it).
+_globals.set_default_backend_factory(Runtime)
 
 
 def __getattr__(name: str) -> Any:
-    # NOTE: backends load torch / requests / openai; `import sgl_lite` stays light.
-    if name in _LAZY:
-        import importlib
+    # NOTE: the Engine loads torch and the model code; `import sgl_lite` stays light.
+    if name == "Engine":
+        from sgl_lite.backend.engine import Engine
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return Engine
     raise AttributeError(f"module 'sgl_lite' has no attribute {name!r}")
 
 

@@ -27,8 +27,6 @@ class CacheManager:
         self.pool = pool
         self.tree = RadixCache()
         self.disabled = disable_radix_cache
-        self.hit_tokens = 0
-        self.submitted_tokens = 0
 
     # --- a request's prefix -------------------------------------------------------------
     def match(self, req: Req, limit: int) -> None:

@@ -1,9 +1,15 @@
-"""EngineConfig: one frozen, validated set of engine settings (the server's flags in snake_case)."""
+"""EngineConfig: one frozen, validated set of engine settings (the server's flags in snake_case).
+
+Built once: `EngineConfig.from_kwargs` (what `Engine` uses) takes the arguments, fills what they
+leave unset from the environment (`SGL_LITE_NUM_THREADS`), and constructs the frozen object;
+`__post_init__` only checks. Constructing `EngineConfig(...)` directly reads no environment.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 
@@ -27,9 +33,11 @@ class EngineConfig:
 
     model_path: str | None = None
     served_model_name: str | None = None
-    device: str = ""
+    device: str = field(default_factory=default_device)
     dtype: str = "auto"
     quantization: str = "auto"
+    # NOTE: torch's intra-op thread count is process-wide; the engine sets it only when this is
+    # given (here or by SGL_LITE_NUM_THREADS through from_kwargs), and leaves it alone otherwise.
     num_threads: int | None = None
     max_total_tokens: int = 32768
     max_running_requests: int = 64
@@ -46,9 +54,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if not self.device:
-            object.__setattr__(self, "device", default_device())
-        if self.num_threads is None and os.environ.get("SGL_LITE_NUM_THREADS"):
-            object.__setattr__(self, "num_threads", int(os.environ["SGL_LITE_NUM_THREADS"]))
+            raise ValueError("device must be a torch device name such as 'cpu' or 'cuda'")
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
@@ -87,10 +93,17 @@ class EngineConfig:
         return DTYPES.get(self.dtype)
 
     @classmethod
-    def from_kwargs(cls, **kwargs) -> EngineConfig:
-        """Builds a config from keyword arguments, naming any unknown one."""
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Builds a config from keyword arguments, then the environment for what they leave
+        unset (None or ""); names any unknown argument."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"unknown engine argument(s) {unknown}; known: {sorted(known)}")
-        return cls(**kwargs)
+        values = {k: v for k, v in kwargs.items() if not (k == "device" and not v)}
+        threads = os.environ.get("SGL_LITE_NUM_THREADS")
+        if values.get("num_threads") is None and threads:
+            if not threads.isdigit():
+                raise ValueError(f"SGL_LITE_NUM_THREADS must be an int >= 1, got {threads!r}")
+            values["num_threads"] = int(threads)
+        return cls(**values)

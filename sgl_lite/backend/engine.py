@@ -1,9 +1,15 @@
 """Engine: the in-process inference engine, with SGLang's `Engine.generate` API.
 
-Callers on any thread submit requests; one loop thread owns the model, the KV pool, the radix
-tree and the scheduler, and runs `step()` (schedule → forward → sample → process) while work
-remains. Requests submitted together land in the same batches. Bad input is rejected in the
-caller's thread with a ValueError, before anything reaches the loop.
+Callers on any thread submit requests with a sink for their outputs; one loop thread owns the
+model, the KV pool, the radix tree and the scheduler, and runs `step()` (schedule → forward →
+sample → process) while work remains, then publishes each request's `ReqOutput` to its sink.
+Requests submitted together land in the same batches. Bad input is rejected in the caller's
+thread with an `InvalidRequest`, before anything reaches the loop. Result dicts are built on the
+caller's side (`outputs.ResultBuilder`), never on the loop thread.
+
+`Engine(model_path=None, **flags)` loads a model; `Engine(config, runner=…, tokenizer=…)`
+drives any runner with `forward(segments) -> ForwardOutput`, `pool`, `vocab_size` and
+`context_length` (the unit tests pass a fake one).
 """
 
 from __future__ import annotations
@@ -14,58 +20,100 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
 from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.model_loader import load_tokenizer, resolve_model_path
-from sgl_lite.backend.model_runner import ForwardOutput, ModelRunner
+from sgl_lite.backend.errors import EngineError, InvalidRequest
+from sgl_lite.backend.kv_pool import KVPool
+from sgl_lite.backend.model_runner import ForwardOutput, Segment
 from sgl_lite.backend.output_processor import OutputProcessor
+from sgl_lite.backend.outputs import (
+    AsyncChannel,
+    FinishReason,
+    OutputSink,
+    ReqOutput,
+    ResultCollector,
+    Submission,
+)
 from sgl_lite.backend.request import Req
-from sgl_lite.backend.requests_builder import RequestBuilder
+from sgl_lite.backend.requests_builder import RequestBuilder, generate_args
 from sgl_lite.backend.sampler import Sampler
-from sgl_lite.backend.scheduler import ScheduleBatch, Scheduler
+from sgl_lite.backend.scheduler import Scheduler
 
 logger = logging.getLogger("sgl_lite")
 
 
+class Runner(Protocol):
+    """What the engine needs of a model runner."""
+
+    pool: KVPool
+    vocab_size: int
+    context_length: int
+
+    def forward(self, segments: list[Segment]) -> ForwardOutput: ...
+
+
 def _configure_logging(level: str) -> None:
-    """Our own logger only: the start-up line (model, device, threads, pool) shows by default."""
+    """Our own logger only: its level, and a handler when nothing would print its records."""
     logger.setLevel(level.upper())
-    if not logger.handlers:
+    if not logger.hasHandlers():
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
         logger.addHandler(handler)
-        logger.propagate = False
 
 
 class Engine:
-    """In-process engine: `Engine(model_path=None, **server_flags_in_snake_case)`."""
+    """In-process engine: `Engine(model_path=None, **server_flags_in_snake_case)`, or
+    `Engine(config, runner=..., tokenizer=...)` to drive a given runner and tokenizer."""
 
-    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
-        self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
-        _configure_logging(self.config.log_level)
-        if self.config.num_threads is not None:
-            torch.set_num_threads(self.config.num_threads)
-        torch.manual_seed(self.config.random_seed)
-        folder = resolve_model_path(self.config.model_path)
-        self.model_folder = folder
-        self.tokenizer = load_tokenizer(folder)
-        self.runner = ModelRunner(folder, self.config)
-        self.cache = CacheManager(self.runner.pool, self.config.disable_radix_cache)
-        self.scheduler = Scheduler(self.config, self.cache)
+    def __init__(
+        self,
+        model_path: str | EngineConfig | None = None,
+        *,
+        runner: Runner | None = None,
+        tokenizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(model_path, EngineConfig):
+            if kwargs:
+                raise ValueError(f"give a config or keyword arguments, not both: {sorted(kwargs)}")
+            self.config = model_path
+        else:
+            self.config = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
+        config = self.config
+        _configure_logging(config.log_level)
+        if config.num_threads is not None:  # process-wide: only when asked (see EngineConfig)
+            torch.set_num_threads(config.num_threads)
+        self.model_folder: Path | None = None
+        if runner is None or tokenizer is None:
+            from sgl_lite.backend.model_loader import load_tokenizer, resolve_model_path
+            from sgl_lite.backend.model_runner import ModelRunner
+
+            self.model_folder = resolve_model_path(config.model_path)
+            tokenizer = tokenizer or load_tokenizer(self.model_folder)
+            runner = runner or ModelRunner(self.model_folder, config)
+        self.tokenizer = tokenizer
+        self.runner = runner
+        self.cache = CacheManager(runner.pool, config.disable_radix_cache)
         eos = self._eos_token_ids()
-        self.sampler = Sampler(eos, self.runner.vocab_size)
-        self.outputs = OutputProcessor(
-            self.tokenizer, eos, self.cache, jump_forward=not self.config.disable_jump_forward
+        self.sampler = Sampler(eos, runner.vocab_size, seed=config.random_seed)
+        self.outputs = OutputProcessor(tokenizer, eos, jump_forward=not config.disable_jump_forward)
+        self.scheduler = Scheduler(config, self.cache, self.outputs)
+        self.builder = RequestBuilder(
+            config,
+            tokenizer,
+            vocab_size=runner.vocab_size,
+            context_length=runner.context_length,
+            pool_size=runner.pool.num_slots,
         )
-        self.builder = RequestBuilder(self.config, self.tokenizer, self.runner)
         self.forward_passes = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._channels: dict[str, queue.SimpleQueue] = {}
+        self._sinks: dict[str, OutputSink] = {}
         self._reqs: dict[str, Req] = {}
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="sgl_lite-engine", daemon=True)
@@ -73,23 +121,48 @@ class Engine:
         logger.info(
             "sgl_lite engine: model=%s device=%s dtype=%s threads=%d kv_pool=%d tokens (%.1f MB) "
             "max_running_requests=%d",
-            folder,
-            self.config.device,
-            self.config.dtype,
+            self.model_folder,
+            config.device,
+            config.dtype,
             torch.get_num_threads(),
-            self.runner.pool.num_slots,
-            self.runner.pool.nbytes / 2**20,
-            self.config.max_running_requests,
+            runner.pool.num_slots,
+            runner.pool.nbytes / 2**20,
+            config.max_running_requests,
         )
 
     def _eos_token_ids(self) -> set[int]:
-        ids = getattr(self.runner.hf_config, "eos_token_id", None)
-        ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return ids
+        ids = getattr(getattr(self.runner, "hf_config", None), "eos_token_id", None)
+        eos = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        return eos
 
     # --- public API ---------------------------------------------------------------------
+    @property
+    def context_length(self) -> int:
+        """The longest sequence (prompt + output) the model takes."""
+        return self.runner.context_length
+
+    def max_new_tokens_room(self, prompt_len: int) -> int:
+        """The most new tokens a prompt of `prompt_len` tokens may ask for (context and pool)."""
+        return self.builder.max_new_tokens_room(prompt_len)
+
+    def submit(self, sink: OutputSink, **request: Any) -> Submission:
+        """Validates and queues a generate call (`generate`'s arguments but `stream`'s meaning:
+        with stream=True every step's output goes to `sink`, else only the last one).
+
+        `sink` is called on the loop thread with each `ReqOutput` and must not block. Raises
+        `InvalidRequest` naming the field for bad input; nothing is queued then.
+        """
+        if self._stopped:
+            raise EngineError("the engine has been shut down")
+        groups, batched = self.builder.build(**generate_args(**request))
+        reqs = [r for group in groups for r in group]
+        self._inbox.put(("add", (reqs, sink)))
+        return Submission(
+            tuple(r.rid for r in reqs), tuple(tuple(r.rid for r in g) for g in groups), batched
+        )
+
     def generate(
         self,
         prompt: str | list[str] | None = None,
@@ -104,12 +177,15 @@ class Engine:
     ) -> Any:
         """Generates for one prompt (→ dict) or a list (→ list of dicts, one per prompt × n).
 
-        With `stream=True` returns an iterator of result dicts with the cumulative text so far.
+        With `stream=True` returns an iterator of result dicts with the cumulative text so far
+        (each with its "index" when the input was a list).
         """
-        reqs, batched = self.builder.build(
+        outputs: queue.SimpleQueue[ReqOutput] = queue.SimpleQueue()
+        sub = self.submit(
+            outputs.put,
             prompt=prompt,
-            input_ids=input_ids,
             sampling_params=sampling_params,
+            input_ids=input_ids,
             return_logprob=return_logprob,
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num,
@@ -117,23 +193,21 @@ class Engine:
             stream=stream,
             rid=rid,
         )
-        channel = self._submit(reqs)
+        collector = ResultCollector(sub, self.abort)
         if stream:
-            return self._stream(reqs, channel, batched)
-        results = self._wait_all(reqs, channel)
-        return results if batched or len(results) > 1 else results[0]
+            return collector.iterate(outputs.get)
+        return collector.wait(outputs.get)
 
     async def async_generate(self, *args: Any, **kwargs: Any) -> Any:
-        """`generate` for asyncio code; with stream=True an async iterator of chunks."""
-        if kwargs.get("stream"):
-            return self._astream(self.generate(*args, **kwargs))
-        return await asyncio.to_thread(self.generate, *args, **kwargs)
-
-    @staticmethod
-    async def _astream(chunks: Iterator[dict]) -> AsyncIterator[dict]:
-        sentinel = object()
-        while (chunk := await asyncio.to_thread(next, chunks, sentinel)) is not sentinel:
-            yield chunk
+        """`generate` for asyncio code (no thread waits); with stream=True an async iterator."""
+        request = generate_args(*args, **kwargs)
+        channel = AsyncChannel()
+        # Tokenizing and validating run off the event loop; waiting for outputs costs nothing.
+        sub = await asyncio.to_thread(self.submit, channel.put, **request)
+        collector = ResultCollector(sub, self.abort)
+        if request["stream"]:
+            return collector.aiterate(channel)
+        return await collector.await_all(channel)
 
     def abort(self, rid: str) -> None:
         """Aborts a request by id; its slots are freed and its caller gets finish_reason abort."""
@@ -163,38 +237,7 @@ class Engine:
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
 
-    # --- caller side ----------------------------------------------------------------------
-    def _submit(self, reqs: list[Req]) -> queue.SimpleQueue:
-        if self._stopped:
-            raise RuntimeError("the engine has been shut down")
-        channel: queue.SimpleQueue = queue.SimpleQueue()
-        self._inbox.put(("add", (reqs, channel)))
-        return channel
-
-    def _wait_all(self, reqs: list[Req], channel: queue.SimpleQueue) -> list[dict]:
-        results: dict[str, dict] = {}
-        while len(results) < len(reqs):
-            rid, result, done = channel.get()
-            if done:
-                results[rid] = result
-        return [results[r.rid] for r in reqs]
-
-    def _stream(self, reqs: list[Req], channel: queue.SimpleQueue, batched: bool) -> Iterator[dict]:
-        index = {r.rid: i for i, r in enumerate(reqs)}
-        done_count = 0
-        try:
-            while done_count < len(reqs):
-                rid, result, done = channel.get()
-                done_count += done
-                if batched:
-                    result["index"] = index[rid]
-                yield result
-        finally:
-            if done_count < len(reqs):  # the consumer stopped early: free what it left
-                for r in reqs:
-                    self.abort(r.rid)
-
-    def _call(self, fn):
+    def _call(self, fn: Callable[[], Any]) -> Any:
         reply: queue.SimpleQueue = queue.SimpleQueue()
         self._inbox.put(("call", (fn, reply)))
         ok, value = reply.get()
@@ -217,12 +260,17 @@ class Engine:
                 idle = self.step() is None
             except Exception as exc:
                 logger.exception("engine step failed; aborting the running requests")
-                for req in list(self.scheduler.running):
-                    self._finish(
-                        req, {"type": "abort", "message": f"engine error: {exc}"}, cache=False
-                    )
+                error = EngineError(f"engine error: {exc}")
+                for req in list(self._reqs.values()):
+                    if req.is_finished:  # ended in the failed step before it could publish
+                        self._publish(req)
+                    elif req in self.scheduler.running:
+                        self._abort(req, FinishReason.abort(str(error), error))
+        # Requests submitted while stopping are answered too: nobody waits on a dead loop.
+        self._drain_inbox(block=False)
+        error = EngineError("engine shut down")
         for req in list(self._reqs.values()):
-            self._finish(req, {"type": "abort", "message": "engine shut down"}, cache=False)
+            self._abort(req, FinishReason.abort(str(error), error))
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -238,15 +286,15 @@ class Engine:
 
     def _handle(self, kind: str, payload: Any) -> None:
         if kind == "add":
-            reqs, channel = payload
+            reqs, sink = payload
             for req in reqs:
                 self._reqs[req.rid] = req
-                self._channels[req.rid] = channel
+                self._sinks[req.rid] = sink
                 self.scheduler.add(req)
         elif kind == "abort":
             req = self._reqs.get(payload)
             if req is not None:
-                self._finish(req, {"type": "abort", "message": "aborted by request"}, cache=False)
+                self._abort(req, FinishReason.abort("aborted by request"))
         elif kind == "call":
             fn, reply = payload
             try:
@@ -265,13 +313,13 @@ class Engine:
                 from sgl_lite.backend.constrained import Guide
 
                 req.guide = Guide(future.result())
-            except Exception as exc:
-                self._finish(
-                    req, {"type": "abort", "message": str(exc), "status_code": 400}, cache=False
-                )
+            except Exception as exc:  # failed to compile or timed out: the pattern's fault
+                kind = (req.sampling_params.constraint or ("regex", ""))[0]
+                error = InvalidRequest(kind, str(exc))
+                self._abort(req, FinishReason.abort(str(exc), error))
 
     def step(self) -> list[Req] | None:
-        """One scheduling step: schedule → forward → sample → process.
+        """One scheduling step: schedule → forward → sample → process, then publish.
 
         Returns the requests that finished, or None when there was nothing to run.
         """
@@ -280,80 +328,72 @@ class Engine:
             return None
         output = self.runner.forward(batch.segments)
         self.forward_passes += 1
-        finished = self._process(batch, output)
-        self.scheduler.after_step(batch)
+        samples = self.sampler.sample(batch, output)
+        finished = self.scheduler.process(batch, samples)
+        for req, sample in zip(batch.reqs, samples):
+            if req.is_finished or (req.stream and sample.token is not None):
+                self._publish(req)
         return finished
 
-    def _process(self, batch: ScheduleBatch, output: ForwardOutput) -> list[Req]:
-        sampling: list[tuple[Req, int]] = []  # (request, its sampling row in output.logits)
-        completes = [batch.completes(i) for i in range(len(batch.reqs))]
-        for i, (req, segment) in enumerate(zip(batch.reqs, batch.segments)):
-            rows = output.rows(i)
-            if req.needs_input_logprobs:
-                input_rows = rows if rows is None or not completes[i] else rows[:-1]
-                start = segment.start + segment.logits_from
-                self.outputs.record_input_logprobs(req, start, input_rows, req.top_logprobs_num)
-            if completes[i]:
-                if req.sampling_params.max_new_tokens == 0:
-                    req.finish_reason = {"type": "length", "length": 0}
-                else:
-                    sampling.append((req, output.ranges[i][1] - 1))
-        if sampling:
-            reqs = [r for r, _ in sampling]
-            rows = [row for _, row in sampling]
-            last = output.logits
-            if len(rows) != len(last):
-                last = last.index_select(0, torch.tensor(rows, device=last.device))
-            result = self.sampler.sample(last.cpu(), reqs)
-            for j, req in enumerate(reqs):
-                self.outputs.append_token(
-                    req,
-                    result.token_ids[j],
-                    result.logprobs[j] if result.logprobs else None,
-                    result.top_logprobs[j] if result.top_logprobs else None,
-                )
-        finished = []
-        for req, sampled in zip(batch.reqs, completes):
-            if req.finish_reason is not None:
-                self._finish(req, req.finish_reason, cache=True)
-                finished.append(req)
-            elif req.stream and sampled:
-                self._channels[req.rid].put((req.rid, self.outputs.result(req), False))
-        return finished
-
-    def _finish(self, req: Req, reason: dict, cache: bool) -> None:
+    def _abort(self, req: Req, reason: FinishReason) -> None:
+        """Ends a request outside the step (abort, engine fault, failed grammar), uncached."""
+        self.scheduler.abort(req)
         req.finish_reason = reason
-        if cache:
-            self.scheduler.finish(req)
-        else:
-            self.scheduler.remove(req)
-            self.scheduler.finish(req)
-        req.finished_at = time.perf_counter()
-        if not cache:
-            req.text = self.outputs.decode(req)
-        self._reqs.pop(req.rid, None)
-        channel = self._channels.pop(req.rid, None)
-        if channel is not None:
-            channel.put((req.rid, self.outputs.result(req), True))
+        self.outputs.detokenizer(req).finish(req.output_ids, None)
+        self._publish(req)
+
+    def _publish(self, req: Req) -> None:
+        """Hands the request's progress since its last output to its sink."""
+        now = time.perf_counter()
+        if req.finish_reason is not None:
+            req.finished_at = req.finished_at or now
+        detok = self.outputs.detokenizer(req)
+        start = req.ids_sent
+        req.ids_sent = len(req.output_ids)
+        out = ReqOutput(
+            rid=req.rid,
+            text=detok.take(),
+            output_ids=tuple(req.output_ids[start:]),
+            ids_start=start,
+            prompt_tokens=len(req.input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            forced_tokens=req.forced_tokens,
+            e2e_latency=(req.finished_at or now) - req.created_at,
+            finish_reason=req.finish_reason,
+            logprobs=None if req.logprobs is None else req.logprobs.take(),
+        )
+        final = req.finish_reason is not None
+        sink = self._sinks.pop(req.rid, None) if final else self._sinks.get(req.rid)
+        if final:
+            self._reqs.pop(req.rid, None)
+        if sink is not None:
+            try:
+                sink(out)
+            except Exception:  # a broken sink must not stop the loop; its request ends
+                logger.exception("output sink of request %s failed", req.rid)
+                if not final:
+                    self._sinks.pop(req.rid, None)
+                    self.abort(req.rid)
 
     def _server_info(self) -> dict[str, Any]:
-        cache, pool = self.cache, self.runner.pool
+        cache, pool, scheduler = self.cache, self.runner.pool, self.scheduler
         return {
             **dataclasses.asdict(self.config),
             "model_path": str(self.model_folder),
-            "context_length": self.runner.context_length,
+            "context_length": self.context_length,
             "num_threads": torch.get_num_threads(),
             "kv_pool_bytes": pool.nbytes,
             "pool_free_tokens": pool.num_free,
             "pool_used_tokens": pool.num_slots - pool.num_free,
             "cached_tokens": cache.tree.cached_tokens,
             "evicted_tokens": cache.tree.evictions,
-            "cache_hit_tokens": cache.hit_tokens,
-            "prompt_tokens_submitted": cache.submitted_tokens,
-            "cache_hit_rate": cache.hit_tokens / max(cache.submitted_tokens, 1),
-            "num_running_reqs": len(self.scheduler.running),
-            "num_waiting_reqs": len(self.scheduler.waiting),
-            "max_running_batch_seen": self.scheduler.max_running_seen,
-            "preemptions": self.scheduler.preemptions,
+            "cache_hit_tokens": scheduler.cache_hit_tokens,
+            "prompt_tokens_submitted": scheduler.prompt_tokens_admitted,
+            "cache_hit_rate": scheduler.cache_hit_tokens / max(scheduler.prompt_tokens_admitted, 1),
+            "num_running_reqs": len(scheduler.running),
+            "num_waiting_reqs": len(scheduler.waiting),
+            "max_running_batch_seen": scheduler.max_running_seen,
+            "preemptions": scheduler.preemptions,
             "forward_passes": self.forward_passes,
         }

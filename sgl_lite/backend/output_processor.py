@@ -1,8 +1,10 @@
-"""OutputProcessor: applies a step's results to requests and turns requests into SGLang results.
+"""OutputProcessor: what one sample does to its request (tokens, grammar, text, finish).
 
-It records logprobs, appends sampled tokens, advances grammar guides (with jump-forward over forced
-text), detects every finish condition (EOS, stop token, stop string, length, grammar done) and
-builds SGLang's native result dicts. It knows tokens and text, never tensors of K/V.
+It records logprobs, appends the sampled token, advances the grammar guide (with
+jump-forward over forced text), feeds the detokenizer and detects every finish condition (EOS,
+stop token, grammar done, length, stop string, stop regex). It touches no KV memory: when
+jump-forward replaced tokens whose K/V exists, it says where the K/V must be cut, and the
+scheduler (the one owner of slots) cuts it.
 """
 
 from __future__ import annotations
@@ -10,153 +12,94 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-from transformers import PreTrainedTokenizerBase
-
-from sgl_lite.backend.cache_manager import CacheManager
+from sgl_lite.backend.detokenizer import IncrementalDetokenizer
+from sgl_lite.backend.outputs import FinishReason
 from sgl_lite.backend.request import Req
+from sgl_lite.backend.sampler import Sample
 
 
 class OutputProcessor:
-    """Per-token bookkeeping after each forward pass."""
+    """Per-request bookkeeping after each forward pass."""
 
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        eos_token_ids: set[int],
-        cache: CacheManager,
-        jump_forward: bool,
-    ) -> None:
+    def __init__(self, tokenizer: Any, eos_token_ids: set[int], jump_forward: bool) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
-        self.cache = cache
         self.jump_forward = jump_forward
 
-    # --- logprobs -----------------------------------------------------------------------
-    def record_input_logprobs(
-        self, req: Req, start: int, logits: torch.Tensor | None, top_k: int
-    ) -> None:
-        """Input-token logprobs from the logits rows of positions start.. (row p predicts p+1)."""
-        if not req.needs_input_logprobs:
-            return
-        ids, first = req.input_ids, req.logprob_start_len
-        if first == 0 and not req.input_token_logprobs:
-            req.input_token_logprobs.append([None, ids[0], self._token_text(req, ids[0])])
-            req.input_top_logprobs.append(None)
-        if logits is not None:
-            positions = range(start, start + logits.shape[0])
-            wanted = [i for i, p in enumerate(positions) if max(first, 1) <= p + 1 < len(ids)]
-            if wanted:
-                logprobs = torch.log_softmax(logits[wanted].float(), dim=-1)
-                targets = torch.tensor([ids[positions[i] + 1] for i in wanted])
-                chosen = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
-                tops = logprobs.topk(top_k, dim=-1) if top_k > 0 else None
-                for j, i in enumerate(wanted):
-                    token = ids[positions[i] + 1]
-                    req.input_token_logprobs.append(
-                        [chosen[j], token, self._token_text(req, token)]
-                    )
-                    req.input_top_logprobs.append(
-                        self._top_entries(req, tops.values[j].tolist(), tops.indices[j].tolist())
-                        if tops is not None
-                        else None
-                    )
-        if start + (0 if logits is None else logits.shape[0]) >= len(ids) - 1 or first >= len(ids):
-            req.input_logprobs_done = True
+    def apply(self, req: Req, sample: Sample, completes: bool) -> int | None:
+        """Applies `sample` to `req` (setting `finish_reason` when it ended); returns the K/V
+        length to cut the request back to, or None."""
+        if sample.input_logprobs is not None and req.logprobs is not None:
+            req.logprobs.add_input(req.input_ids, sample.input_logprobs, self.token_text)
+        if not completes:
+            return None
+        if sample.token is None:  # max_new_tokens == 0: a prefill only
+            req.finish_reason = FinishReason.length_reached(0)
+            self.detokenizer(req).finish(req.output_ids, None)
+            return None
+        return self._append(req, sample.token, sample)
 
-    def _token_text(self, req: Req, token: int) -> str | None:
-        return self.tokenizer.decode([token]) if req.return_text_in_logprobs else None
+    def detokenizer(self, req: Req) -> IncrementalDetokenizer:
+        """The request's detokenizer (made on first use)."""
+        if req.detokenizer is None:
+            req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.sampling_params)
+        return req.detokenizer
 
-    def _top_entries(self, req: Req, values: list[float], ids: list[int]) -> list[list[Any]]:
-        return [[v, t, self._token_text(req, t)] for v, t in zip(values, ids)]
+    def token_text(self, token: int) -> str:
+        """One token's text, for logprob entries."""
+        return self.tokenizer.decode([token])
 
-    # --- a sampled token ----------------------------------------------------------------
-    def append_token(
-        self, req: Req, token: int, logprob: float | None, top: list[tuple[float, int]] | None
-    ) -> None:
-        """Adds one sampled token to `req` and sets `finish_reason` if it ended the request."""
+    def _append(self, req: Req, token: int, sample: Sample) -> int | None:
         params = req.sampling_params
         if req.first_token_at is None:
             req.first_token_at = time.perf_counter()
         req.output_ids.append(token)
-        if req.return_logprob:
-            req.output_token_logprobs.append([logprob, token, self._token_text(req, token)])
-            if req.top_logprobs_num > 0 and top is not None:
-                pairs = top[: req.top_logprobs_num]
-                req.output_top_logprobs.append(
-                    self._top_entries(req, [v for v, _ in pairs], [t for _, t in pairs])
-                )
+        if req.logprobs is not None and sample.logprobs is not None:
+            req.logprobs.add_output(token, sample.logprobs, sample.row, self.token_text)
+        cut: int | None = None
+        reason: FinishReason | None = None
         if token in self.eos_token_ids and not params.ignore_eos or token in params.stop_token_ids:
-            self._set_finished(req, {"type": "stop", "matched": token})
+            reason = FinishReason.stop(token)
         elif req.guide is not None:
             req.guide.advance(token)
+            if not req.guide.is_finished() and self.jump_forward:
+                cut = self._jump_forward(req)
             if req.guide.is_finished():
-                self._set_finished(req, {"type": "stop", "matched": None})
-            elif self.jump_forward:
-                self._jump_forward(req)
-        self._check_length_and_stop_strings(req)
+                reason = FinishReason.stop(None)
+        if reason is None and len(req.output_ids) >= params.max_new_tokens:
+            del req.output_ids[params.max_new_tokens :]  # jump-forward may overshoot
+            reason = FinishReason.length_reached(params.max_new_tokens)
+        detok = self.detokenizer(req)
+        match = detok.feed(req.output_ids)
+        # NOTE: a stop string or regex ends the text even on the length-limit token, but not
+        # after EOS or a finished grammar (SGLang's order).
+        if match is not None and (reason is None or reason.type == "length"):
+            reason = FinishReason.stop(match.text)
+        else:
+            match = None  # an EOS or a finished grammar ends the text untrimmed
+        if reason is not None:
+            req.finish_reason = reason
+            detok.finish(req.output_ids, match)
+        return cut
 
-    def _jump_forward(self, req: Req) -> None:
-        """Appends the text the grammar forces, retokenized, without sampling it."""
+    def _jump_forward(self, req: Req) -> int | None:
+        """Appends the text the grammar forces, retokenized, without sampling it; returns the
+        K/V length to cut back to when it replaced tokens that have K/V."""
         from sgl_lite.backend.constrained import apply_jump_forward, plan_jump_forward
 
-        plan = plan_jump_forward(self.tokenizer, req.guide, req.output_ids)
+        guide = req.guide
+        assert guide is not None
+        plan = plan_jump_forward(self.tokenizer, guide, req.output_ids)
         if plan is None:
-            return
+            return None
         kept_kv = len(req.input_ids) + plan.keep
-        if kept_kv < req.kv_len and not self.cache.truncate(req, kept_kv):
-            return
+        if kept_kv < req.prefix_len:  # those slots are the tree's and must stay
+            return None
+        if not apply_jump_forward(guide, plan):
+            return None
         before = len(req.output_ids)
-        if not apply_jump_forward(req.guide, plan):
-            return
+        self.detokenizer(req).rewind(plan.keep)
         req.output_ids[plan.keep :] = plan.new_ids
+        req.ids_sent = min(req.ids_sent, plan.keep)
         req.forced_tokens += len(req.output_ids) - before
-        if req.guide.is_finished():
-            self._set_finished(req, {"type": "stop", "matched": None})
-
-    def _check_length_and_stop_strings(self, req: Req) -> None:
-        params = req.sampling_params
-        if req.finish_reason is None and len(req.output_ids) >= params.max_new_tokens:
-            del req.output_ids[params.max_new_tokens :]
-            self._set_finished(req, {"type": "length", "length": params.max_new_tokens})
-        req.text = self.decode(req)
-        if params.stop and (req.finish_reason is None or req.finish_reason["type"] == "length"):
-            hits = [(req.text.find(s), s) for s in params.stop if s in req.text]
-            if hits:
-                cut, matched = min(hits)
-                req.text = req.text if params.no_stop_trim else req.text[:cut]
-                self._set_finished(req, {"type": "stop", "matched": matched}, force=True)
-
-    def decode(self, req: Req) -> str:
-        """The output text, without a trailing partial UTF-8 character."""
-        text = self.tokenizer.decode(
-            req.output_ids, skip_special_tokens=req.sampling_params.skip_special_tokens
-        )
-        return text[:-1] if text.endswith("\ufffd") and not req.finish_reason else text
-
-    @staticmethod
-    def _set_finished(req: Req, reason: dict[str, Any], force: bool = False) -> None:
-        if req.finish_reason is None or force:
-            req.finish_reason = reason
-
-    # --- results ------------------------------------------------------------------------
-    def result(self, req: Req) -> dict[str, Any]:
-        """SGLang's native result dict for `req` as it stands."""
-        end = req.finished_at or time.perf_counter()
-        meta: dict[str, Any] = {
-            "id": req.rid,
-            "prompt_tokens": len(req.input_ids),
-            "completion_tokens": len(req.output_ids),
-            "cached_tokens": req.cached_tokens,
-            "finish_reason": req.finish_reason,
-            "e2e_latency": end - req.created_at,
-            "forced_tokens": req.forced_tokens,
-        }
-        if req.return_logprob:
-            # Copies: the loop thread keeps appending to the request's own lists.
-            meta["input_token_logprobs"] = list(req.input_token_logprobs)
-            meta["output_token_logprobs"] = list(req.output_token_logprobs)
-            if req.top_logprobs_num > 0:
-                meta["input_top_logprobs"] = list(req.input_top_logprobs)
-                meta["output_top_logprobs"] = list(req.output_top_logprobs)
-        return {"text": req.text, "output_ids": list(req.output_ids), "meta_info": meta}
+        return kept_kv if kept_kv < req.kv_len else None

@@ -1,4 +1,9 @@
-"""Req: one generation request and all of its bookkeeping (tokens, slots, tree node, results)."""
+"""Req: one generation request and its bookkeeping (tokens, slots, tree node, progress).
+
+Per-concern state lives in small objects owned by the module that uses it: logprobs in
+`LogprobState` (logprobs.py), the text and its stops in `IncrementalDetokenizer`
+(detokenizer.py), the grammar cursor in `Guide` (constrained/).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +19,9 @@ from sgl_lite.backend.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from sgl_lite.backend.constrained import Guide
+    from sgl_lite.backend.detokenizer import IncrementalDetokenizer
+    from sgl_lite.backend.logprobs import LogprobState
+    from sgl_lite.backend.outputs import FinishReason
     from sgl_lite.backend.radix_cache import TreeNode
 
 
@@ -37,28 +45,21 @@ class Req:
     rid: str
     input_ids: list[int]
     sampling_params: SamplingParams
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    return_text_in_logprobs: bool = False
     stream: bool = False
+    logprobs: LogprobState | None = None  # None: no logprobs asked for
+    detokenizer: IncrementalDetokenizer | None = None
     output_ids: list[int] = field(default_factory=list)
     slot_ids: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
     prefix_len: int = 0
     last_node: TreeNode | None = None
     status: ReqStatus = ReqStatus.WAITING
-    finish_reason: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None
     cached_tokens: int = 0
     guide: Guide | None = None
     grammar_future: Future | None = None
     generator: torch.Generator | None = None
     forced_tokens: int = 0
-    text: str = ""
-    input_logprobs_done: bool = False
-    input_token_logprobs: list[list[Any]] = field(default_factory=list)
-    input_top_logprobs: list[Any] = field(default_factory=list)
-    output_token_logprobs: list[list[Any]] = field(default_factory=list)
-    output_top_logprobs: list[Any] = field(default_factory=list)
+    ids_sent: int = 0  # output_ids[:ids_sent] were published and not replaced since
     created_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -92,7 +93,7 @@ class Req:
     @property
     def needs_input_logprobs(self) -> bool:
         """Whether the prompt's token logprobs are still to be computed."""
-        return self.return_logprob and self.logprob_start_len >= 0 and not self.input_logprobs_done
+        return self.logprobs is not None and self.logprobs.needs_input
 
     @property
     def is_finished(self) -> bool:

@@ -1,53 +1,92 @@
-"""Sampler: turns a batch's last-position logits into next tokens.
+"""Sampler: turns a forward pass's logits into what each request gets from it.
+
+It reads the runner's output (`ForwardOutput`: logits rows and which rows are whose) and
+returns one `Sample` per batch entry: the next token for a request whose sequence is complete,
+and the prompt logprobs the pass computed. Everything tensor-shaped ends here; what comes out
+is plain numbers.
 
 Order per row (as SGLang and vLLM do it): penalties, then constraint masks (grammar, min tokens),
-then temperature, top-k, top-p, min-p, then greedy argmax or a draw from the request's own
-generator. Output logprobs are taken from the raw logits, before any of that.
+then temperature, top-k, top-p, min-p, then greedy argmax or a draw. Output logprobs are taken
+from the raw logits, before any of that. A request with a `sampling_seed` draws from its own
+generator, the others from the sampler's (seeded from the engine config, never the global one).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from sgl_lite.backend.logprobs import InputLogprobs, TokenLogprobs, token_logprobs
 from sgl_lite.backend.request import Req
 
+if TYPE_CHECKING:
+    from sgl_lite.backend.model_runner import ForwardOutput
+    from sgl_lite.backend.scheduler import ScheduleBatch
 
-class SampleResult(NamedTuple):
-    """Next token per request, with its logprob and optional top alternatives."""
 
-    token_ids: list[int]
-    logprobs: list[float] | None
-    top_logprobs: list[list[tuple[float, int]]] | None
+class Sample(NamedTuple):
+    """What batch entry i got from a pass: its next token (None if it does not sample this
+    step) with that token's logprobs (row `row` of `logprobs`), and prompt logprobs."""
+
+    token: int | None = None
+    logprobs: TokenLogprobs | None = None
+    row: int = 0
+    input_logprobs: InputLogprobs | None = None
 
 
 class Sampler:
     """Batched sampling with per-request parameters."""
 
-    def __init__(self, eos_token_ids: set[int], vocab_size: int) -> None:
+    def __init__(self, eos_token_ids: set[int], vocab_size: int, seed: int = 0) -> None:
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
+        self.generator = torch.Generator().manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, reqs: list[Req]) -> SampleResult:
-        """logits: (B, V) float32 for the B requests, in order → one token each."""
-        want_logprobs = any(r.return_logprob for r in reqs)
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+    def sample(self, batch: ScheduleBatch, output: ForwardOutput) -> list[Sample]:
+        """One Sample per request of `batch`, from the pass's `output`."""
+        samples = [Sample() for _ in batch.reqs]
+        sampling: list[int] = []  # batch entries that sample a token
+        for i, (req, segment) in enumerate(zip(batch.reqs, batch.segments)):
+            completes = batch.completes(i)
+            if completes and req.sampling_params.max_new_tokens > 0:
+                sampling.append(i)
+            if req.needs_input_logprobs:
+                assert req.logprobs is not None
+                rows = output.rows(i)
+                if rows is not None and completes:
+                    rows = rows[:-1]  # the last row predicts the next token, not a prompt one
+                got = req.logprobs.input_logprobs(req.input_ids, segment, rows)
+                samples[i] = Sample(input_logprobs=got)
+        if not sampling:
+            return samples
+        assert output.logits is not None
+        last = [output.ranges[i][1] - 1 for i in sampling]  # each request's last row
+        logits = output.logits
+        if len(last) != logits.shape[0]:
+            logits = logits.index_select(0, torch.tensor(last, device=logits.device))
+        reqs = [batch.reqs[i] for i in sampling]
+        tokens, values = self.sample_rows(logits.float().cpu(), reqs)
+        for row, (i, token) in enumerate(zip(sampling, tokens)):
+            samples[i] = samples[i]._replace(token=token, logprobs=values, row=row)
+        return samples
+
+    def sample_rows(
+        self, logits: torch.Tensor, reqs: list[Req]
+    ) -> tuple[list[int], TokenLogprobs | None]:
+        """logits (B, V) for the B requests, in order → one token each, and their logprobs
+        when any request asked for them."""
+        want_logprobs = any(r.logprobs is not None for r in reqs)
+        raw = logits if want_logprobs else None
         logits = self._apply_penalties_and_masks(logits, reqs)
-        tokens = logits.argmax(dim=-1)
+        tokens = logits.argmax(dim=-1)  # (B,)
         for i, req in enumerate(reqs):
             if not req.sampling_params.is_greedy:
                 tokens[i] = self._draw(logits[i], req)
-        token_list = tokens.tolist()
-        if raw_logprobs is None:
-            return SampleResult(token_list, None, None)
-        chosen = raw_logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
-        k = max(r.top_logprobs_num for r in reqs)
-        top = None
-        if k > 0:
-            values, ids = raw_logprobs.topk(k, dim=-1)
-            top = [list(zip(v, t)) for v, t in zip(values.tolist(), ids.tolist())]
-        return SampleResult(token_list, chosen, top)
+        if raw is None:
+            return tokens.tolist(), None
+        k = max(r.logprobs.top_k for r in reqs if r.logprobs is not None)
+        return tokens.tolist(), token_logprobs(raw, tokens, k)
 
     def _apply_penalties_and_masks(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
         needs_copy = any(
@@ -76,11 +115,11 @@ class Sampler:
                 row[stop_ids] = float("-inf")
         return logits
 
-    def _blocks_stop(self, req: Req) -> bool:
+    @staticmethod
+    def _blocks_stop(req: Req) -> bool:
         return len(req.output_ids) < req.sampling_params.min_new_tokens
 
-    @staticmethod
-    def _draw(row: torch.Tensor, req: Req) -> int:
+    def _draw(self, row: torch.Tensor, req: Req) -> int:
         params = req.sampling_params
         row = row / max(params.temperature, 1e-5)
         if params.top_k > 0 and params.top_k < row.shape[-1]:
@@ -95,7 +134,8 @@ class Sampler:
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
         if params.min_p > 0:
             probs[probs < params.min_p * probs.max()] = 0
-        return int(torch.multinomial(probs, 1, generator=req.generator).item())
+        generator = req.generator if req.generator is not None else self.generator
+        return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
 def _apply_penalties(row: torch.Tensor, req: Req) -> None:

@@ -1,10 +1,22 @@
-"""SamplingParams: SGLang's per-request sampling settings, validated before a request is queued."""
+"""SamplingParams: SGLang's per-request sampling settings, validated before a request is queued.
+
+The fields of `SamplingParams` are `sgl_lite.common.SAMPLING_PARAM_NAMES`, the one list of
+sampling-param names the frontend, the server and the builder all read (a unit test keeps the two
+equal). Every refusal is an `InvalidRequest` naming the
+param.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, fields
 from typing import Any
+
+import regex
+
+from sgl_lite.backend.errors import InvalidRequest
+from sgl_lite.common import SAMPLING_PARAM_NAMES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,6 +33,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
+    stop_regex: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -50,13 +63,15 @@ class SamplingParams:
         ]
         for name, ok, allowed in checks:
             if not ok:
-                raise ValueError(
-                    f"sampling param {name} must be {allowed}, got {getattr(self, name)!r}"
+                raise InvalidRequest(
+                    name, f"sampling param {name} must be {allowed}, got {getattr(self, name)!r}"
                 )
         if self.regex is not None and self.json_schema is not None:
-            raise ValueError(
-                "sampling params regex and json_schema are mutually exclusive; give one"
+            raise InvalidRequest(
+                "regex", "sampling params regex and json_schema are mutually exclusive; give one"
             )
+        for pattern in self.stop_regex:
+            compile_stop_regex(pattern)
 
     @property
     def is_greedy(self) -> bool:
@@ -79,59 +94,81 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
-        """Builds params from SGLang's JSON dict, with a ValueError naming any bad field."""
+        """Builds params from SGLang's JSON dict; an InvalidRequest names any bad field."""
         if params is None:
             return cls()
         if not isinstance(params, dict):
-            raise ValueError(f"sampling_params must be a dict, got {type(params).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
+            raise InvalidRequest(
+                "sampling_params", f"sampling_params must be a dict, got {type(params).__name__}"
+            )
+        unknown = sorted(set(params) - set(SAMPLING_PARAM_NAMES))
         if unknown:
-            raise ValueError(f"unknown sampling param(s) {unknown}; known: {sorted(known)}")
+            raise InvalidRequest(
+                "sampling_params",
+                f"unknown sampling param(s) {unknown}; known: {sorted(SAMPLING_PARAM_NAMES)}",
+            )
         values = {k: v for k, v in params.items() if v is not None}
-        types = {
-            "max_new_tokens": int,
-            "min_new_tokens": int,
-            "top_k": int,
-            "n": int,
-            "temperature": float,
-            "top_p": float,
-            "min_p": float,
-            "frequency_penalty": float,
-            "presence_penalty": float,
-            "repetition_penalty": float,
-            "sampling_seed": int,
-        }
-        for name, kind in types.items():
+        for name, kind in _NUMBERS.items():
             if name in values:
-                value = values[name]
-                if (
-                    isinstance(value, bool)
-                    or not isinstance(value, (int, float))
-                    or (kind is int and not float(value).is_integer())
-                ):
-                    raise ValueError(
-                        f"sampling param {name} must be {kind.__name__}, got {value!r}"
-                    )
-                values[name] = kind(value)
-        if "stop" in values:
-            stop = values["stop"]
-            stop = [stop] if isinstance(stop, str) else stop
-            if not isinstance(stop, (list, tuple)) or not all(
-                isinstance(s, str) and s for s in stop
-            ):
-                raise ValueError("sampling param stop must be a non-empty string or a list of them")
-            values["stop"] = tuple(stop)
+                values[name] = _number(name, kind, values[name])
+        for name in ("stop", "stop_regex"):
+            if name in values:
+                values[name] = _strings(name, values[name])
         if "stop_token_ids" in values:
             ids = values["stop_token_ids"]
             if not isinstance(ids, (list, tuple)) or not all(
                 isinstance(i, int) and not isinstance(i, bool) for i in ids
             ):
-                raise ValueError("sampling param stop_token_ids must be a list of ints")
+                raise InvalidRequest(
+                    "stop_token_ids", "sampling param stop_token_ids must be a list of ints"
+                )
             values["stop_token_ids"] = tuple(ids)
         if isinstance(values.get("json_schema"), dict):
             values["json_schema"] = json.dumps(values["json_schema"])
         for name in ("regex", "json_schema"):
             if name in values and not isinstance(values[name], str):
-                raise ValueError(f"sampling param {name} must be a string")
+                raise InvalidRequest(name, f"sampling param {name} must be a string")
         return cls(**values)
+
+
+# The numeric params and their type, read off the annotations ("int", "float", "int | None").
+_NUMBERS: dict[str, type] = {
+    f.name: {"int": int, "float": float}[str(f.type).split(" |")[0]]
+    for f in fields(SamplingParams)
+    if str(f.type).split(" |")[0] in ("int", "float")
+}
+
+
+def _number(name: str, kind: type, value: Any) -> int | float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (kind is int and not float(value).is_integer())
+    ):
+        raise InvalidRequest(name, f"sampling param {name} must be {kind.__name__}, got {value!r}")
+    return kind(value)
+
+
+def _strings(name: str, value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
+        raise InvalidRequest(
+            name, f"sampling param {name} must be a non-empty string or a list of them"
+        )
+    return tuple(items)
+
+
+@functools.lru_cache(maxsize=256)
+def compile_stop_regex(pattern: str) -> regex.Pattern:
+    """A stop_regex compiled (with the `regex` module, which can tell a partial match)."""
+    try:
+        compiled = regex.compile(pattern)
+    except regex.error as exc:
+        raise InvalidRequest(
+            "stop_regex", f"stop_regex {pattern!r} is not a valid regular expression: {exc}"
+        ) from None
+    if compiled.fullmatch(""):
+        raise InvalidRequest(
+            "stop_regex", f"stop_regex {pattern!r} matches the empty string; it would stop at once"
+        )
+    return compiled

@@ -3,8 +3,13 @@
 Each step is a prefill batch (new requests' uncached suffixes and unfinished chunks, under a token
 budget, plus the next token of every other running request) or, when there is nothing to
 prefill, a decode batch (one token for every running request).
-When slots run short it evicts cached prefixes, then preempts the newest running request. The
-scheduler knows nothing about tensors beyond slot ids, and nothing about text.
+When slots run short it evicts cached prefixes, then preempts the newest running request.
+
+`process(batch, samples)` is the one place a step's results land: the output processor applies
+each sample to its request (tokens, grammar, text, finish), and the scheduler then cuts K/V
+that jump-forward replaced, finishes and caches the requests that ended, and caches the fresh
+prefixes of those that go on. The scheduler knows nothing about tensors beyond slot ids, and
+nothing about text.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import torch
 from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.model_runner import Segment
+from sgl_lite.backend.output_processor import OutputProcessor
 from sgl_lite.backend.request import Req, ReqStatus
+from sgl_lite.backend.sampler import Sample
 
 LPM_QUEUE_LIMIT = 128  # past this many waiting requests, matching them all costs more than it saves
 IN_BATCH_SHARED_MIN = 32  # defer a request that would recompute this many tokens another computes
@@ -37,13 +44,16 @@ class ScheduleBatch:
 class Scheduler:
     """Queues, admission, chunking, eviction and preemption."""
 
-    def __init__(self, config: EngineConfig, cache: CacheManager) -> None:
+    def __init__(self, config: EngineConfig, cache: CacheManager, outputs: OutputProcessor) -> None:
         self.config = config
         self.cache = cache
+        self.outputs = outputs
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.max_running_seen = 0
         self.preemptions = 0
+        self.prompt_tokens_admitted = 0
+        self.cache_hit_tokens = 0  # prompt tokens admitted with their K/V already cached
         self._arrivals = 0
 
     # --- queue --------------------------------------------------------------------------
@@ -53,13 +63,14 @@ class Scheduler:
         req.arrival = self._arrivals
         self.waiting.append(req)
 
-    def remove(self, req: Req) -> None:
-        """Takes a request out of the queues and gives its slots back, uncached (abort)."""
+    def abort(self, req: Req) -> None:
+        """Takes a request out of the queues and gives its slots back, uncached."""
         if req in self.waiting:
             self.waiting.remove(req)
         if req in self.running:
             self.running.remove(req)
             self.cache.release(req)
+        req.status = ReqStatus.FINISHED
 
     def finish(self, req: Req) -> None:
         """A request is done: its tokens go into the radix tree and it leaves the batch."""
@@ -117,8 +128,8 @@ class Scheduler:
                 self.cache.release(req)
                 break
             req.cached_tokens = req.prefix_len
-            self.cache.hit_tokens += req.prefix_len
-            self.cache.submitted_tokens += len(req.input_ids)
+            self.cache_hit_tokens += req.prefix_len
+            self.prompt_tokens_admitted += len(req.input_ids)
             self.waiting.remove(req)
             self.running.append(req)
             req.status = ReqStatus.RUNNING
@@ -145,8 +156,11 @@ class Scheduler:
         while self.cache.available() < len(self.running) and len(self.running) > 1:
             self._preempt(self.running[-1])
         reqs = list(self.running)
-        segments = [self._extend(req, 1) for req in reqs]
-        assert all(s is not None for s in segments), "decode slots were reserved above"
+        segments = []
+        for req in reqs:
+            segment = self._extend(req, 1)
+            assert segment is not None, "decode slots were reserved above"
+            segments.append(segment)
         return ScheduleBatch(reqs, segments)
 
     # --- helpers ------------------------------------------------------------------------
@@ -170,7 +184,8 @@ class Scheduler:
         to get logits, and prompt positions whose logprobs are asked for are recomputed."""
         limit = req.seq_len - 1  # also for max_new_tokens=0: a pass needs one token
         if req.needs_input_logprobs:
-            limit = min(limit, max(req.logprob_start_len - 1, 0))
+            assert req.logprobs is not None
+            limit = min(limit, max(req.logprobs.start_len - 1, 0))
         return limit
 
     @staticmethod
@@ -198,7 +213,8 @@ class Scheduler:
         completes = start + n == req.seq_len
         logits_from = n - 1 if completes else n
         if req.needs_input_logprobs:
-            logits_from = min(logits_from, max(req.logprob_start_len - 1 - start, 0))
+            assert req.logprobs is not None
+            logits_from = min(logits_from, max(req.logprobs.start_len - 1 - start, 0))
         return Segment(
             token_ids=token_ids, start=start, kv_slots=req.slot_ids, logits_from=logits_from
         )
@@ -211,9 +227,19 @@ class Scheduler:
         self.waiting.insert(0, req)
         self.preemptions += 1
 
-    def after_step(self, batch: ScheduleBatch) -> None:
-        """Inserts freshly prefilled prefixes of unfinished requests into the tree, so the next
-        step's requests (and the rest of a chunked prompt) reuse them at once."""
-        for req, segment in zip(batch.reqs, batch.segments):
-            if not req.is_finished and len(segment.token_ids) > 1:
+    # --- results ----------------------------------------------------------------------
+    def process(self, batch: ScheduleBatch, samples: list[Sample]) -> list[Req]:
+        """Applies a pass's samples; returns the requests that finished."""
+        finished = []
+        for i, (req, segment, sample) in enumerate(zip(batch.reqs, batch.segments, samples)):
+            cut = self.outputs.apply(req, sample, batch.completes(i))
+            if cut is not None:
+                self.cache.truncate(req, cut)
+            if req.finish_reason is not None:
+                self.finish(req)
+                finished.append(req)
+            elif len(segment.token_ids) > 1:
+                # Fresh prefixes go into the tree at once, so the next step's requests (and
+                # the rest of a chunked prompt) reuse them.
                 self.cache.cache_unfinished(req)
+        return finished

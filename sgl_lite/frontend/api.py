@@ -1,30 +1,29 @@
 """The DSL's constructors (SGLang's names): they validate their arguments and build IR only.
 
 Mistakes that can be seen without running anything (an unknown argument, an invalid regex, a
-role inside a role, a select without choices) raise here, where the program is written.
+role inside a role, a select without choices) raise here, where the program is written. The
+top layer of the frontend's core: it imports the program layer, never a concrete backend.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sgl_lite.common.regex import validate_regex
 from sgl_lite.frontend import ir
 from sgl_lite.frontend.choices import ChoicesMethod, token_length_normalized
+from sgl_lite.frontend.program import SglFunction
 
 _GEN_ARGS = ("name", *ir.SAMPLING_FIELDS, "choices", "choices_method")
-_DTYPES = (int, float, bool, str)
 
 
 def function(
     func: Callable | None = None, *, num_api_spec_tokens: int | None = None, **unknown: Any
 ) -> Any:
     """Decorator: `@sgl.function` or `@sgl.function(num_api_spec_tokens=...)`."""
-    from sgl_lite.frontend.program import SglFunction
-
     _reject_unknown("function", unknown, ("num_api_spec_tokens",))
     if func is None:
         return lambda f: SglFunction(f, num_api_spec_tokens=num_api_spec_tokens)
@@ -78,8 +77,8 @@ def gen(
     ]
     if len(given) > 1:
         raise ValueError(f"gen() takes at most one of dtype, regex, json_schema; got {given}")
-    if dtype is not None and dtype not in _DTYPES:
-        raise ValueError(f"gen(dtype=...) must be one of int, float, bool, str; got {dtype!r}")
+    if dtype is not None:
+        ir.dtype_regex(dtype)  # raises for a dtype that has no pattern
     if regex is not None:
         validate_regex(regex)
     if json_schema is not None:
@@ -156,77 +155,52 @@ def select(
     )
 
 
-def _role(role: str, expr: Any = None) -> ir.Concat:
-    if expr is None:
-        return ir.Concat(items=(ir.RoleBegin(role=role), ir.RoleEnd(role=role)))
-    body = ir.to_expr(expr)
-    for leaf in ir.flatten(body):
-        if isinstance(leaf, (ir.RoleBegin, ir.RoleEnd)):
-            raise ValueError(
-                f"nested roles: {role}(...) contains {leaf.role}(...); "
-                "roles cannot be nested, add them one after another"
-            )
-    return ir.Concat.of(ir.RoleBegin(role=role), body, ir.RoleEnd(role=role))
-
-
 def system(expr: Any = None) -> ir.Concat:
-    return _role("system", expr)
+    """A system message holding `expr` (`s.system(...)` inside a program)."""
+    return ir.role("system", expr)
 
 
 def user(expr: Any = None) -> ir.Concat:
-    return _role("user", expr)
+    """A user message holding `expr` (`s.user(...)` inside a program)."""
+    return ir.role("user", expr)
 
 
 def assistant(expr: Any = None) -> ir.Concat:
-    return _role("assistant", expr)
+    """A assistant message holding `expr` (`s.assistant(...)` inside a program)."""
+    return ir.role("assistant", expr)
 
 
 def system_begin() -> ir.RoleBegin:
+    """Opens a system message; close it with `system_end()`."""
     return ir.RoleBegin(role="system")
 
 
 def system_end() -> ir.RoleEnd:
+    """Closes the open system message."""
     return ir.RoleEnd(role="system")
 
 
 def user_begin() -> ir.RoleBegin:
+    """Opens a user message; close it with `user_end()`."""
     return ir.RoleBegin(role="user")
 
 
 def user_end() -> ir.RoleEnd:
+    """Closes the open user message."""
     return ir.RoleEnd(role="user")
 
 
 def assistant_begin() -> ir.RoleBegin:
+    """Opens a assistant message; close it with `assistant_end()`."""
     return ir.RoleBegin(role="assistant")
 
 
 def assistant_end() -> ir.RoleEnd:
+    """Closes the open assistant message."""
     return ir.RoleEnd(role="assistant")
 
 
 # --- validation helpers --------------------------------------------------------------------
-def validate_regex(regex: str) -> None:
-    """Raises ValueError when `regex` is not a pattern the constrained decoder can compile."""
-    if not isinstance(regex, str):
-        raise ValueError(f"regex must be a str; got {type(regex).__name__}")
-    try:
-        re.compile(regex)
-    except re.error as exc:
-        raise ValueError(f"invalid regex {regex!r}: {exc}") from None
-    try:
-        import interegular
-
-        interegular.parse_pattern(regex).to_fsm()
-    except ImportError:
-        pass
-    except Exception as exc:
-        raise ValueError(
-            f"regex {regex!r} uses syntax the constrained decoder does not "
-            f"support (no lookarounds or backreferences): {exc}"
-        ) from None
-
-
 def _schema_string(schema: Any) -> str:
     if hasattr(schema, "model_json_schema"):  # a pydantic model class
         return json.dumps(schema.model_json_schema())

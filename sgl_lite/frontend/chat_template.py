@@ -19,6 +19,9 @@ _MARK = "\x1fSGLMARK{}\x1f"
 
 @dataclass(frozen=True, kw_only=True)
 class ChatTemplate:
+    """How roles render as text: each role's (prefix, suffix), stop strings, the default
+    system prompt, and `begin_text` (what precedes the first message)."""
+
     name: str
     role_prefix_and_suffix: dict[str, tuple[str, str]]
     stop_str: tuple[str, ...] = ()
@@ -28,6 +31,7 @@ class ChatTemplate:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def get_prefix_and_suffix(self, role: str) -> tuple[str, str]:
+        """The text before and after a message of `role`."""
         try:
             return self.role_prefix_and_suffix[role]
         except KeyError:
@@ -207,6 +211,7 @@ TEMPLATES: dict[str, ChatTemplate] = {
 
 
 def get_chat_template(name: str) -> ChatTemplate:
+    """One of SGLang's named templates (`TEMPLATES`)."""
     try:
         return TEMPLATES[name]
     except KeyError:

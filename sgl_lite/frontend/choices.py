@@ -10,8 +10,12 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from sgl_lite.common.sequences import common_prefix_len
+
 
 class ChoicesDecision(NamedTuple):
+    """The chosen text and the scores behind it (the select's meta_info)."""
+
     decision: str
     meta_info: dict[str, Any]
 
@@ -136,15 +140,6 @@ class ChoiceTokens(NamedTuple):
     ids: list[int]
     start: int
     merged: bool
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def choice_tokens(

@@ -1,15 +1,20 @@
-"""The process-wide default backend (`sgl.set_default_backend`) and the calls that use it."""
+"""The process-wide default backend (`sgl.set_default_backend`) and how to make one.
+
+A store only: reading it never starts anything. The program layer (`program.default_backend`)
+calls the factory the first time a program runs without a backend; `sgl_lite/__init__.py`
+registers the factory (`sgl.Runtime()` on the embedded model), since the concrete backends sit
+above every module of the frontend's core.
+"""
 
 from __future__ import annotations
 
-import logging
 import threading
+from collections.abc import Callable
 from typing import Any
-
-logger = logging.getLogger("sgl_lite")
 
 _lock = threading.Lock()
 _default: Any = None
+_factory: Callable[[], Any] | None = None
 
 
 def set_default_backend(backend: Any) -> None:
@@ -25,22 +30,19 @@ def set_default_backend(backend: Any) -> None:
 
 
 def get_default_backend() -> Any:
-    """The default backend; the first call without one starts the in-process engine."""
-    global _default
+    """The default backend, or None when none was set or started yet."""
     with _lock:
-        if _default is None:
-            from sgl_lite.frontend.backends.runtime import Runtime
-
-            logger.info("no default backend set: starting sgl.Runtime() on the embedded model")
-            _default = Runtime()
         return _default
 
 
-def flush_cache(backend: Any = None) -> bool:
-    """Empties the default (or given) backend's prefix cache."""
-    return (backend or get_default_backend()).flush_cache()
+def set_default_backend_factory(factory: Callable[[], Any] | None) -> None:
+    """Registers what makes the default backend when a program first needs one."""
+    global _factory
+    with _lock:
+        _factory = factory
 
 
-def get_server_info(backend: Any = None) -> dict[str, Any]:
-    """The default (or given) backend's server info (cache hit rate, config, ...)."""
-    return (backend or get_default_backend()).get_server_info()
+def get_default_backend_factory() -> Callable[[], Any] | None:
+    """The registered factory of the default backend, or None."""
+    with _lock:
+        return _factory

@@ -1,33 +1,25 @@
-"""ProgramState: the interpreter of IR nodes, one worker thread per state.
+"""ProgramState and ProgramStateGroup: what a program's `s` is, and what `s.fork(n)` returns.
 
-`s += expr` only queues work, so a program's Python runs ahead of the model until it reads a
-variable (`s["x"]` blocks until set). The worker thread exists while the queue has work and
-executes nodes in order, calling the backend; many states run at once, so a batch of programs
-reaches the engine together. A failing step records the error, drops the queue and wakes every
-reader: nothing waits forever.
+`ProgramState` is SGLang's user-facing state: `s += expr`, `s["x"]`, roles, `fork`, streaming.
+It is a facade over its `Executor` (executor.py), which queues and runs the IR nodes; nothing
+outside this module touches the executor. `ProgramStateGroup` drives forks together and joins
+them back through `ProgramState`'s public methods only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-from collections import deque
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sgl_lite.frontend import ir, sampling
+from sgl_lite.frontend import ir
 from sgl_lite.frontend.backends.base import Backend
-from sgl_lite.frontend.transcript import Transcript
+from sgl_lite.frontend.executor import Executor, ProgramError
 
-if TYPE_CHECKING:
-    from sgl_lite.frontend.fork import ProgramStateGroup
+__all__ = ["ProgramError", "ProgramState", "ProgramStateGroup"]
 
-_NAMED = (ir.Gen, ir.Select, ir.VarScopeEnd, ir.SetVar)
-
-
-class ProgramError(RuntimeError):
-    """A program step failed; `__cause__` is the original exception."""
+_MISSING = object()
 
 
 class ProgramState:
@@ -40,27 +32,24 @@ class ProgramState:
         *,
         stream: bool = False,
         name: str = "program",
-        transcript: Transcript | None = None,
     ) -> None:
-        self.backend = backend
-        self.name = name
-        self._defaults = defaults if defaults is not None else sampling.run_defaults({})
-        self._stream = stream
-        self._t = transcript or Transcript(backend.chat_template)
-        self._vars: dict[str, Any] = {}
-        self._meta: dict[str, Any] = {}
-        self._scopes: dict[str, int] = {}
-        self._cond = threading.Condition()
-        self._queue: deque[ir.Expr] = deque()
-        self._pending: dict[str, int] = {}
-        self._running = False
-        self._closed = False
-        self._error: BaseException | None = None
-        self._failed_step = ""
-        self._events: list[tuple[str | None, str, bool]] = []  # (var or None, text, var done)
-        self._submit_role: str | None = None
-        self._owner = threading.get_ident()
-        self._children: list[ProgramState] = []
+        self._exec = Executor(backend, defaults, stream=stream, name=name)
+
+    @classmethod
+    def _over(cls, executor: Executor) -> ProgramState:
+        state = cls.__new__(cls)
+        state._exec = executor
+        return state
+
+    @property
+    def backend(self) -> Backend:
+        """The backend this program runs on."""
+        return self._exec.backend
+
+    @property
+    def name(self) -> str:
+        """The program's name (in errors and thread names)."""
+        return self._exec.name
 
     # --- adding work ------------------------------------------------------------------------
     def __iadd__(self, other: Any) -> ProgramState:
@@ -68,34 +57,11 @@ class ProgramState:
         return self
 
     def submit(self, other: Any) -> None:
-        leaves = list(ir.flatten(ir.to_expr(other)))
-        role = self._submit_role
-        for leaf in leaves:  # roles are checked here, in the program's own thread
-            if isinstance(leaf, ir.RoleBegin):
-                if role is not None:
-                    raise ValueError(
-                        f"nested roles: {leaf.role} begins while {role} is open; "
-                        f"end {role} first (roles cannot be nested)"
-                    )
-                role = leaf.role
-            elif isinstance(leaf, ir.RoleEnd):
-                if role != leaf.role:
-                    raise ValueError(
-                        f"{leaf.role}_end() without a matching "
-                        f"{leaf.role}_begin() (the open role is {role!r})"
-                    )
-                role = None
-        with self._cond:
-            self._submit_role = role
-            for leaf in leaves:
-                if isinstance(leaf, _NAMED) and leaf.name is not None:
-                    self._pending[leaf.name] = self._pending.get(leaf.name, 0) + 1
-            self._queue.extend(leaves)
-            if not self._running and self._error is None:
-                self._running = True
-                threading.Thread(target=self._work, name=f"sgl-{self.name}", daemon=True).start()
+        """Queues `other` (text, an sgl expression, or a list of them); `s += other`."""
+        self._exec.submit(list(ir.flatten(ir.to_expr(other))))
 
     def set_var(self, name: str, value: Any) -> None:
+        """Sets variable `name` once the steps queued before it have run."""
         self.submit(ir.SetVar(name=name, value=value))
 
     __setitem__ = set_var
@@ -103,44 +69,47 @@ class ProgramState:
     # --- reading ----------------------------------------------------------------------------
     def get_var(self, name: str) -> Any:
         """The variable's value, waiting until the steps that set it have run."""
-        with self._cond:
-            while True:
-                if not self._pending.get(name) and name in self._vars:
-                    return self._vars[name]
-                if self._error is not None:
-                    raise self._program_error(f"variable {name!r} was not set") from self._error
-                if self._idle() and (self._closed or threading.get_ident() == self._owner):
-                    raise KeyError(
-                        f"variable {name!r} is never set in this program: name a "
-                        f"gen/select with it (gen({name!r}, ...)) or use s.set_var"
-                    )
-                self._cond.wait()
+        return self._exec.get_var(name)
 
     __getitem__ = get_var
 
     def get_meta_info(self, name: str) -> dict[str, Any] | None:
         """Meta info of the step that set `name` (tokens, cached tokens, finish reason, scores)."""
-        self.get_var(name)
-        return self._meta.get(name)
+        return self._exec.get_meta_info(name)
 
     def text(self) -> str:
+        """The program's whole text, once every queued step has run."""
         self.sync()
-        return self._t.text
+        return self._exec.text
 
     def messages(self) -> list[dict[str, str]]:
+        """The closed chat messages, once every queued step has run."""
         self.sync()
-        return [dict(m) for m in self._t.messages]
+        return self._exec.messages()
+
+    def variables(self) -> dict[str, Any]:
+        """Every variable set, once every queued step has run."""
+        self.sync()
+        return self._exec.variables()
+
+    def meta_infos(self) -> dict[str, Any]:
+        """The meta info of every variable set, once every queued step has run."""
+        self.sync()
+        return self._exec.meta_infos()
 
     def sync(self) -> None:
         """Waits until every queued step has run (or the program failed)."""
-        with self._cond:
-            while not self._idle():
-                self._cond.wait()
+        self._exec.sync()
 
     def error(self) -> BaseException | None:
         """The exception that stopped this program, or None."""
         self.sync()
-        return self._error
+        return self._exec.error
+
+    def raise_for_error(self, what: str) -> None:
+        """Raises ProgramError ("`what`: ... failed at ...") if this program failed."""
+        if self.error() is not None:
+            raise self._exec.program_error(what) from self._exec.error
 
     # --- roles, scopes, forks -----------------------------------------------------------------
     @contextlib.contextmanager
@@ -149,21 +118,22 @@ class ProgramState:
         yield
         self.submit(ir.RoleEnd(role=role))
 
-    def _role(self, role: str, expr: Any = None) -> Any:
+    def _role(self, role: str, expr: Any) -> Any:
         if expr is None:
             return self._role_scope(role)
-        from sgl_lite.frontend.api import _role
-
-        self.submit(_role(role, expr))
+        self.submit(ir.role(role, expr))
         return None
 
     def system(self, expr: Any = None) -> Any:
+        """Adds a system message; without `expr`, a `with` block that is one."""
         return self._role("system", expr)
 
     def user(self, expr: Any = None) -> Any:
+        """Adds a user message; without `expr`, a `with` block that is one."""
         return self._role("user", expr)
 
     def assistant(self, expr: Any = None) -> Any:
+        """Adds an assistant message; without `expr`, a `with` block that is one."""
         return self._role("assistant", expr)
 
     @contextlib.contextmanager
@@ -175,57 +145,57 @@ class ProgramState:
 
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> ProgramStateGroup:
         """`size` copies of this state; the shared prefix is prefilled once before they run."""
-        from sgl_lite.frontend.fork import ProgramStateGroup
-
         if size < 1:
             raise ValueError(f"fork({size}): size must be >= 1")
-        self.sync()
-        if self._error is not None:
-            raise self._program_error("cannot fork") from self._error
-        if size > 1 and self._t.text:
-            self.backend.cache_prefix(self._t.text)
-        children = [self._child() for _ in range(size)]
+        self.raise_for_error("cannot fork")
+        text = self._exec.text
+        if size > 1 and text:
+            self.backend.cache_prefix(text)
+        children = [ProgramState._over(self._exec.fork_child()) for _ in range(size)]
         return ProgramStateGroup(children, self)
 
     def copy(self) -> ProgramState:
+        """A fork of one."""
         return self.fork(1)[0]
 
-    def _child(self) -> ProgramState:
-        child = ProgramState(
-            self.backend,
-            self._defaults,
-            stream=self._stream,
-            name=f"{self.name}.fork",
-            transcript=self._t.copy(),
-        )
-        child._vars, child._meta = dict(self._vars), dict(self._meta)
-        child._scopes, child._submit_role = dict(self._scopes), self._submit_role
-        child._owner = self._owner
-        self._children.append(child)
-        return child
+    # --- running ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def body(self) -> Iterator[ProgramState]:
+        """Runs a program's Python in the block: the calling thread owns the state (its read
+        of a never-set variable raises instead of waiting), an exception raised in the block
+        becomes the program's error (and propagates), and the state is closed after."""
+        self._exec.claim()
+        try:
+            yield self
+        except BaseException as exc:
+            self._exec.sync()
+            self._exec.record_failure(exc, "the program's Python code")
+            raise
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Marks the program's body as finished (readers of unset variables stop waiting)."""
+        self._exec.close()
 
     # --- streaming --------------------------------------------------------------------------
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
         """Yields text as it is produced: the whole program's, or one variable's."""
         i = 0
         while True:
-            with self._cond:
-                while i >= len(self._events) and not self._finished():
-                    self._cond.wait()
-                new, i = self._events[i:], len(self._events)
-                finished, error = self._finished(), self._error
-            for name, text, done in new:
+            new, i, finished, error = self._exec.wait_events(i)
+            for event in new:
                 if var_name is None:
-                    if text:
-                        yield text
-                elif name == var_name:
-                    if done:
+                    if event.text:
+                        yield event.text
+                elif event.var == var_name:
+                    if event.done:
                         return
-                    if text:
-                        yield text
+                    if event.text:
+                        yield event.text
             if finished:
                 if error is not None:
-                    raise self._program_error("stream ended") from error
+                    raise self._exec.program_error("stream ended") from error
                 return
 
     async def text_async_iter(
@@ -239,136 +209,76 @@ class ProgramState:
         if return_meta_data and var_name is not None:
             yield self.get_meta_info(var_name)
 
-    # --- the worker ---------------------------------------------------------------------------
-    def close(self) -> None:
-        """Marks the program's body as finished (readers of unset variables stop waiting)."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        for child in self._children:
-            child.close()
-
-    def _idle(self) -> bool:
-        return not self._running and not self._queue
-
-    def _finished(self) -> bool:
-        return self._error is not None or (self._closed and self._idle())
-
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                if not self._queue:
-                    self._running = False
-                    self._cond.notify_all()
-                    return
-                item = self._queue.popleft()
-            try:
-                self._execute(item)
-            except BaseException as exc:
-                self._fail(item, exc)
-                return
-
-    def _fail(self, item: ir.Expr, exc: BaseException) -> None:
-        with self._cond:
-            self._error = exc
-            self._failed_step = _describe(item)
-            self._queue.clear()
-            self._pending.clear()
-            self._running = False
-            self._cond.notify_all()
-
-    def _program_error(self, what: str) -> ProgramError:
-        exc = self._error
-        return ProgramError(
-            f"{what}: {self.name} failed at {self._failed_step}: {type(exc).__name__}: {exc}"
-        )
-
-    def _emit(self, var: str | None, text: str, done: bool = False) -> None:
-        with self._cond:
-            self._events.append((var, text, done))
-            self._cond.notify_all()
-
-    def _fill(self, text: str, var: str | None = None) -> None:
-        self._t.fill(text)
-        self._emit(var, text)
-
-    def _set(self, name: str | None, value: Any, meta: Any) -> None:
-        if name is None:
-            return
-        with self._cond:
-            self._vars[name] = value
-            self._meta[name] = meta
-            self._pending[name] = max(self._pending.get(name, 1) - 1, 0)
-            self._events.append((name, "", True))
-            self._cond.notify_all()
-
-    def _execute(self, item: ir.Expr) -> None:
-        if isinstance(item, ir.Text):
-            self._fill(item.text)
-        elif isinstance(item, (ir.RoleBegin, ir.RoleEnd)):
-            before = len(self._t.text)
-            (self._t.role_begin if isinstance(item, ir.RoleBegin) else self._t.role_end)(item.role)
-            self._emit(None, self._t.text[before:])
-        elif isinstance(item, ir.Gen):
-            self._gen(item)
-        elif isinstance(item, ir.Select):
-            decision = self.backend.select(self._t.prompt(), item.choices, item.choices_method)
-            self._fill(decision.decision, item.name)
-            self._set(item.name, decision.decision, decision.meta_info)
-        elif isinstance(item, ir.VarScopeBegin):
-            self._scopes[item.name] = len(self._t.text)
-        elif isinstance(item, ir.VarScopeEnd):
-            if item.name not in self._scopes:
-                raise ValueError(f"var_scope {item.name!r} ends without beginning")
-            self._set(item.name, self._t.text[self._scopes.pop(item.name) :], None)
-        elif isinstance(item, ir.SetVar):
-            self._set(item.name, item.value, item.meta_info)
-        else:
-            raise TypeError(f"unknown IR node {item!r}")
-
-    def _gen(self, item: ir.Gen) -> None:
-        request = sampling.resolve(item.sampling, self._defaults, self.backend.chat_template)
-        prompt = self._t.prompt()
-        if not self._stream:
-            text, meta = self.backend.generate(prompt, request)
-            self._fill(text, item.name)
-        else:
-            streamed, text, meta = "", "", {}
-            stops = request.sampling_params.get("stop") or ()
-            stops = [stops] if isinstance(stops, str) else stops
-            for text, meta in self.backend.generate_stream(prompt, request):  # noqa: B007
-                # NOTE: text that may be the start of a multi-token stop string is held back
-                # until the next chunk: the final text drops a stop string, and what was
-                # streamed must stay a prefix of it.
-                ready = text[: _unheld_len(text, stops)]
-                if ready.startswith(streamed) and len(ready) > len(streamed):
-                    self._fill(ready[len(streamed) :], item.name)
-                    streamed = ready
-            if text.startswith(streamed) and len(text) > len(streamed):  # what was held back
-                self._fill(text[len(streamed) :], item.name)
-                streamed = text
-            if text != streamed:  # the final text trimmed what was streamed (a stop string)
-                self._t.text = self._t.text[: len(self._t.text) - len(streamed)] + text
-        self._set(item.name, text, meta)
-
     def __repr__(self) -> str:
-        return f"ProgramState({self._t.text!r})"
+        return f"ProgramState({self._exec.text!r})"
 
 
-def _unheld_len(text: str, stops: Any) -> int:
-    """How much of `text` can be streamed: all but a tail that begins some stop string."""
-    keep = len(text)
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:k]):
-                keep = min(keep, len(text) - k)
-                break
-    return keep
+class ProgramStateGroup:
+    """`forks += expr` adds to every fork; a list or `lambda i: ...` gives each its own."""
 
+    def __init__(self, states: list[ProgramState], parent: ProgramState) -> None:
+        self.states = states
+        self.parent = parent
+        # What the parent had when it forked: join brings back only what the forks changed.
+        self._base_vars = parent.variables()
+        self._base_len = len(parent.text())
 
-def _describe(item: ir.Expr) -> str:
-    if isinstance(item, (ir.Gen, ir.Select)):
-        return f"{type(item).__name__.lower()}({item.name!r})"
-    if isinstance(item, ir.Text):
-        return f"text {item.text[:40]!r}"
-    return type(item).__name__
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __iadd__(self, other: Any) -> ProgramStateGroup:
+        if callable(other) and not isinstance(other, ir.Expr):
+            for i, state in enumerate(self.states):
+                state += other(i)
+        elif isinstance(other, (list, tuple)):
+            if len(other) != len(self.states):
+                raise ValueError(
+                    f"adding a list of {len(other)} expressions to a fork of "
+                    f"{len(self.states)}: give one per fork"
+                )
+            for state, expr in zip(self.states, other):
+                state += expr
+        else:
+            for state in self.states:
+                state += other
+        return self
+
+    def sync(self) -> None:
+        """Waits until every fork has run what was queued."""
+        for state in self.states:
+            state.sync()
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Waits for every fork and brings results back into the parent.
+
+        `gather_variable`: each variable the forks set becomes a list in the parent (meta info
+        too). `concate_joined`: the forks' new text is appended to the parent's text.
+        """
+        if mode not in ("gather_variable", "concate_joined"):
+            raise ValueError(f"join(mode={mode!r}): use 'gather_variable' or 'concate_joined'")
+        for state in self.states:
+            state.close()
+            state.raise_for_error("a fork failed")
+        if mode == "concate_joined":
+            self.parent += "".join(s.text()[self._base_len :] for s in self.states)
+            return
+        forks = [(s.variables(), s.meta_infos()) for s in self.states]
+        names: dict[str, None] = {}  # ordered set: the parent sets them in first-seen order
+        for variables, _ in forks:
+            for name, value in variables.items():
+                if self._base_vars.get(name, _MISSING) is not value:
+                    names[name] = None
+        for name in names:
+            self.parent.submit(
+                ir.SetVar(
+                    name=name,
+                    value=[variables.get(name) for variables, _ in forks],
+                    meta_info=[meta.get(name) for _, meta in forks],
+                )
+            )

@@ -2,7 +2,8 @@
 
 Every node is a frozen keyword-only dataclass. Nodes only describe; the interpreter
 (`interpreter.py`) gives them meaning, and a backend never sees them. `a + b` on nodes (or a
-node and a str) builds a `Concat`, as in SGLang.
+node and a str) builds a `Concat`, as in SGLang. The bottom layer of the frontend: it imports
+nothing of sgl_lite but the light `sgl_lite.common`.
 """
 
 from __future__ import annotations
@@ -12,30 +13,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sgl_lite.common.regex import dtype_to_regex
+
 ROLES = ("system", "user", "assistant")
 
-# The names `gen(...)` shares with SGLang's sampling arguments. `SamplingArgs` holds them.
-SAMPLING_FIELDS = (
-    "max_tokens",
-    "min_tokens",
-    "n",
-    "stop",
-    "stop_token_ids",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "ignore_eos",
-    "return_logprob",
-    "logprob_start_len",
-    "top_logprobs_num",
-    "return_text_in_logprobs",
-    "dtype",
-    "regex",
-    "json_schema",
-)
+# The types `gen(dtype=...)` takes; each becomes a regex (SGLang's patterns).
+DTYPES: tuple[type, ...] = (int, float, bool, str)
 
 
 class Expr:
@@ -93,19 +76,29 @@ class SamplingArgs:
         }
 
 
+# The names `gen(...)` shares with SGLang's sampling arguments, in `SamplingArgs`' order.
+SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SamplingArgs))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Text(Expr):
+    """Constant text."""
+
     text: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class Gen(Expr):
+    """Generated text stored in variable `name` (None: text only)."""
+
     name: str | None
     sampling: SamplingArgs = field(default_factory=SamplingArgs)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Select(Expr):
+    """One of `choices`, scored as continuations of the prompt, stored in `name`."""
+
     name: str | None
     choices: tuple[str, ...]
     temperature: float = 0.0
@@ -114,21 +107,29 @@ class Select(Expr):
 
 @dataclass(frozen=True, kw_only=True)
 class RoleBegin(Expr):
+    """Opens a chat message of `role`."""
+
     role: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class RoleEnd(Expr):
+    """Closes the open chat message of `role`."""
+
     role: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class VarScopeBegin(Expr):
+    """Starts capturing the text added from here into variable `name`."""
+
     name: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class VarScopeEnd(Expr):
+    """Ends the capture of variable `name`."""
+
     name: str
 
 
@@ -143,10 +144,13 @@ class SetVar(Expr):
 
 @dataclass(frozen=True, kw_only=True)
 class Concat(Expr):
+    """A sequence of nodes (never nested: `of` flattens)."""
+
     items: tuple[Expr, ...]
 
     @staticmethod
     def of(*parts: Any) -> Concat:
+        """The flat concatenation of `parts` (str, nodes, lists of them)."""
         return Concat(items=tuple(leaf for part in parts for leaf in flatten(to_expr(part))))
 
 
@@ -171,3 +175,24 @@ def flatten(expr: Expr) -> Iterator[Expr]:
             yield from flatten(item)
     else:
         yield expr
+
+
+def role(name: str, expr: Any = None) -> Concat:
+    """`name`'s message holding `expr` (an empty message when None); roles cannot nest."""
+    if expr is None:
+        return Concat(items=(RoleBegin(role=name), RoleEnd(role=name)))
+    body = to_expr(expr)
+    for leaf in flatten(body):
+        if isinstance(leaf, (RoleBegin, RoleEnd)):
+            raise ValueError(
+                f"nested roles: {name}(...) contains {leaf.role}(...); "
+                "roles cannot be nested, add them one after another"
+            )
+    return Concat.of(RoleBegin(role=name), body, RoleEnd(role=name))
+
+
+def dtype_regex(dtype: type) -> str:
+    """The regex that constrains `gen(dtype=...)` (one of `DTYPES`)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"gen(dtype=...) must be one of int, float, bool, str; got {dtype!r}")
+    return dtype_to_regex(dtype)

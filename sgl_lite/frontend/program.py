@@ -3,7 +3,8 @@
 `run_batch` starts every program on a thread pool; each state has its own worker thread, so the
 whole batch's first requests reach the backend together. Before that, the batch's constant
 prefix (found by tracing the program with placeholder arguments, as SGLang does) is prefilled
-once so all first prefills hit the cache.
+once so all first prefills hit the cache. A program without a backend runs on the default one
+(`globals`), which is started here, the first time a program needs it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sgl_lite.frontend import globals as g
 from sgl_lite.frontend import sampling
 from sgl_lite.frontend.backends.base import Backend
 from sgl_lite.frontend.interpreter import ProgramState
 from sgl_lite.frontend.tracing import trace_prefix
 
 logger = logging.getLogger("sgl_lite")
+_start_lock = threading.Lock()
 
 
 class SglFunction:
@@ -69,6 +72,7 @@ class SglFunction:
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
+        """`program(...)` is `program.run(...)`."""
         return self.run(*args, **kwargs)
 
     def run(
@@ -152,19 +156,12 @@ class SglFunction:
             raise TypeError(f"{self.name}{self._signature}: {exc}") from None
 
     def _body(self, state: ProgramState, bound: inspect.BoundArguments, reraise: bool) -> None:
-        state._owner = threading.get_ident()
         try:
-            self.func(*bound.args, **bound.kwargs)
-        except BaseException as exc:
-            state.sync()
-            with state._cond:
-                if state._error is None:
-                    state._error, state._failed_step = exc, "the program's Python code"
-                state._cond.notify_all()
+            with state.body():
+                self.func(*bound.args, **bound.kwargs)
+        except BaseException:
             if reraise:
                 raise
-        finally:
-            state.close()
 
     def _precache(self, backend: Backend) -> None:
         try:
@@ -181,7 +178,7 @@ class SglFunction:
     ) -> Iterator[ProgramState]:
         bar = None
         if progress_bar:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # NOTE: on use, so `import sgl_lite` does not load it
 
             bar = tqdm(total=len(states), desc="run_batch")
         try:
@@ -198,8 +195,34 @@ class SglFunction:
                 bar.close()
 
 
-def _resolve_backend(backend: Backend | None) -> Backend:
-    from sgl_lite.frontend import globals as g
+def default_backend() -> Backend:
+    """The default backend; the first call without one starts it (`sgl.Runtime()` on the
+    embedded model, by the factory `sgl_lite` registers)."""
+    with _start_lock:  # two programs starting at once must not start two engines
+        backend = g.get_default_backend()
+        if backend is None:
+            factory = g.get_default_backend_factory()
+            if factory is None:
+                raise RuntimeError(
+                    "no default backend: call sgl.set_default_backend(sgl.Runtime()) or pass "
+                    "backend=... to run()"
+                )
+            logger.info("no default backend set: starting one on the embedded model")
+            backend = factory()
+            g.set_default_backend(backend)
+        return backend
 
-    backend = backend if backend is not None else g.get_default_backend()
+
+def flush_cache(backend: Any = None) -> bool:
+    """Empties the default (or given) backend's prefix cache."""
+    return (backend or default_backend()).flush_cache()
+
+
+def get_server_info(backend: Any = None) -> dict[str, Any]:
+    """The default (or given) backend's server info (cache hit rate, config, ...)."""
+    return (backend or default_backend()).get_server_info()
+
+
+def _resolve_backend(backend: Backend | None) -> Backend:
+    backend = backend if backend is not None else default_backend()
     return getattr(backend, "backend", backend)  # a Runtime wraps a backend

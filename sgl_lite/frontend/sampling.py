@@ -2,17 +2,20 @@
 
 The result is SGLang's `sampling_params` dict (max_new_tokens, temperature, ...) plus the
 logprob options, with the chat template's stop strings added, as SGLang's interpreter does.
+It knows the parameter names (`sgl_lite.common`), never the engine that checks their values.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from sgl_lite.common.sampling_names import LOGPROB_OPTION_NAMES, OPENAI_SPELLINGS
 from sgl_lite.frontend import ir
 from sgl_lite.frontend.backends.base import GenRequest
 from sgl_lite.frontend.chat_template import ChatTemplate
 
-# SGLang's SglFunction.run() defaults; every run() keyword below can override one.
+# SGLang's SglFunction.run() defaults; every run() keyword below can override one. Each key is
+# an SGLang sampling param or logprob option under its own name (a test checks it).
 GLOBAL_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 128,
     "min_new_tokens": None,
@@ -32,13 +35,10 @@ GLOBAL_DEFAULTS: dict[str, Any] = {
 }
 RUN_ARGS = tuple(GLOBAL_DEFAULTS)
 
-_GEN_TO_RUN = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
-_LOGPROB_KEYS = (
-    "return_logprob",
-    "logprob_start_len",
-    "top_logprobs_num",
-    "return_text_in_logprobs",
-)
+# gen() spells max_new_tokens and min_new_tokens as OpenAI does (SGLang's frontend).
+_GEN_TO_RUN = {
+    gen_name: name for name, gen_name in OPENAI_SPELLINGS.items() if gen_name in ir.SAMPLING_FIELDS
+}
 _DTYPE_STOPS = (" ", "\n")
 
 
@@ -60,15 +60,13 @@ def resolve(args: ir.SamplingArgs, defaults: dict[str, Any], template: ChatTempl
     stops = params.get("stop") or ()
     stops = [stops] if isinstance(stops, str) else list(stops)
     if dtype is not None:
-        from sgl_lite.backend.constrained.dtypes import dtype_to_regex
-
-        params["regex"] = dtype_to_regex(dtype)
+        params["regex"] = ir.dtype_regex(dtype)
         if dtype is not str:
             stops += [s for s in _DTYPE_STOPS if s not in stops]
     stops += [s for s in template.stop_str if s not in stops]
     params["stop"] = stops
     params["stop_token_ids"] = list(params.get("stop_token_ids") or ())
-    logprob = {k: params.pop(k) for k in _LOGPROB_KEYS}
+    logprob = {k: params.pop(k) for k in LOGPROB_OPTION_NAMES}
     sampling = {k: v for k, v in params.items() if v is not None}
     return GenRequest(
         sampling_params=sampling,

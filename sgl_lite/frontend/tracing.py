@@ -83,18 +83,19 @@ class TraceState:
     def _role(self, role: str, expr: Any) -> Any:
         if expr is None:
             return self._scope(role)
-        from sgl_lite.frontend.api import _role
-
-        self += _role(role, expr)
+        self += ir.role(role, expr)
         return None
 
     def system(self, expr: Any = None) -> Any:
+        """Records a system message (as `ProgramState.system` does)."""
         return self._role("system", expr)
 
     def user(self, expr: Any = None) -> Any:
+        """Records a user message (as `ProgramState.user` does)."""
         return self._role("user", expr)
 
     def assistant(self, expr: Any = None) -> Any:
+        """Records a assistant message (as `ProgramState.assistant` does)."""
         return self._role("assistant", expr)
 
     def __getitem__(self, name: str) -> Any:

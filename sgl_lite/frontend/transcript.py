@@ -13,6 +13,8 @@ from sgl_lite.frontend.chat_template import ChatTemplate
 
 
 class Transcript:
+    """The text and closed messages built so far, and the role that is open."""
+
     def __init__(self, template: ChatTemplate) -> None:
         self.template = template
         self.text = template.begin_text
@@ -21,14 +23,17 @@ class Transcript:
         self.role_start = 0
 
     def copy(self) -> Transcript:
+        """An independent copy (for a fork)."""
         other = copy.copy(self)
         other.messages = [dict(m) for m in self.messages]
         return other
 
     def fill(self, text: str) -> None:
+        """Appends text (to the open message, if any)."""
         self.text += text
 
     def role_begin(self, role: str) -> None:
+        """Opens a message of `role` (after the default system message, if one is due)."""
         if self.role is not None:
             raise ValueError(
                 f"nested roles: {role} begins while {self.role} is open; end {self.role} first"
@@ -44,6 +49,7 @@ class Transcript:
         self.role, self.role_start = role, len(self.text)
 
     def role_end(self, role: str) -> None:
+        """Closes the open message, which must be of `role`."""
         if self.role != role:
             raise ValueError(
                 f"{role}_end() without a matching {role}_begin() (the open role is {self.role!r})"
@@ -54,6 +60,7 @@ class Transcript:
         self.role = None
 
     def prompt(self) -> Prompt:
+        """What a backend gets: the text, the closed messages and the open one."""
         return Prompt(
             text=self.text,
             messages=tuple(dict(m) for m in self.messages),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -173,6 +174,18 @@ def test_stop_strings_are_trimmed_and_reported(engine, smollm_tokenizer):
     assert stop["meta_info"]["finish_reason"] == {"type": "stop", "matched": ","}
     kept = engine.generate(prompt, {**GREEDY, "stop": ","})
     assert kept["text"] == stop["text"]
+
+
+def test_stop_regex_is_trimmed_and_reported(engine, smollm_tokenizer):
+    prompt = chat_prompt(smollm_tokenizer, "Count from 1 to 10, separated by commas.")
+    free = engine.generate(prompt, GREEDY)
+    match = re.search(r"[4-6]", free["text"])
+    assert match is not None, free["text"]
+    out = engine.generate(prompt, {**GREEDY, "stop_regex": [r"[4-6]", r"zz+"]})
+    assert out["text"] == free["text"][: match.start()]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": match.group()}
+    chunks = list(engine.generate(prompt, {**GREEDY, "stop_regex": r"[4-6]"}, stream=True))
+    assert all(out["text"].startswith(c["text"]) for c in chunks)
 
 
 def test_logprobs_match_a_full_forward(engine, smollm_tokenizer, hf_smollm):

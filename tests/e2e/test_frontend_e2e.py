@@ -15,6 +15,8 @@ import pytest
 import torch
 
 import sgl_lite as sgl
+from sgl_lite.common import common_prefix_len
+from sgl_lite.frontend.chat_template import from_tokenizer
 
 pytestmark = pytest.mark.e2e
 GREEDY = {"temperature": 0}
@@ -35,6 +37,21 @@ def _engine_stays_consistent(engine):
 def assert_ok(states) -> None:
     errors = [f"{s.name}: {s.error()!r}" for s in states if s.error() is not None]
     assert not errors, f"{len(errors)}/{len(states)} programs failed: {errors[:3]}"
+
+
+# --- the chat template is SmolLM2's own ---------------------------------------------------------
+SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def test_roles_are_derived_from_smollm2s_own_chat_template(smollm_tokenizer):
+    t = from_tokenizer(smollm_tokenizer)
+    assert t.get_prefix_and_suffix("user") == ("<|im_start|>user\n", "<|im_end|>\n")
+    assert t.default_system_prompt == SMOL_SYSTEM and "<|im_end|>" in t.stop_str
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    for gen_prompt in (False, True):
+        assert t.render(msgs, gen_prompt) == smollm_tokenizer.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=gen_prompt
+        )
 
 
 # --- a multi-step pipeline reuses the first step's prompt and answer ------------------------
@@ -156,15 +173,6 @@ def quiz(s, question, choices):
     s += sgl.select("answer", choices=choices)
 
 
-def _common_len(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _forward(model, ids: list[int], past=None):
     """(logprobs per position, KV cache) of `ids` after `past`; any transformers >= 4.46."""
     arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -186,8 +194,8 @@ def hf_mean_choice_logprobs(
     """
     prefix_ids = tokenizer.encode(prompt, add_special_tokens=False)
     seqs = [tokenizer.encode(prompt + c, add_special_tokens=False) for c in choices]
-    starts = [min(_common_len(prefix_ids, ids), len(ids) - 1) for ids in seqs]
-    common = min(_common_len(seqs[0], ids) for ids in seqs)
+    starts = [min(common_prefix_len(prefix_ids, ids), len(ids) - 1) for ids in seqs]
+    common = min(common_prefix_len(seqs[0], ids) for ids in seqs)
     assert min(starts) > shared_len, "a choice merged into the few-shot prefix"
     rows: dict[int, torch.Tensor] = {shared_len - 1: shared_past[1]}  # position -> logprobs
     past = copy.deepcopy(shared_past[0])
@@ -217,7 +225,7 @@ def test_select_equals_a_brute_force_scoring_with_transformers(rt, smollm_tokeni
     shared_ids = smollm_tokenizer.encode(prompts[0], add_special_tokens=False)
     for p in prompts[1:]:
         shared_ids = shared_ids[
-            : _common_len(shared_ids, smollm_tokenizer.encode(p, add_special_tokens=False))
+            : common_prefix_len(shared_ids, smollm_tokenizer.encode(p, add_special_tokens=False))
         ]
     assert len(shared_ids) >= 100  # the few-shot prefix
     mismatches, worst = [], 0.0
@@ -237,7 +245,7 @@ def test_select_equals_a_brute_force_scoring_with_transformers(rt, smollm_tokeni
                 mismatches.append((question, state["answer"], choices[best], ref))
         # The shortcut above equals a plain full forward (checked on the last question's pick).
         ids = smollm_tokenizer.encode(prompt + choices[best], add_special_tokens=False)
-        start = _common_len(smollm_tokenizer.encode(prompt, add_special_tokens=False), ids)
+        start = common_prefix_len(smollm_tokenizer.encode(prompt, add_special_tokens=False), ids)
         full = torch.log_softmax(hf_smollm(torch.tensor([ids])).logits[0].float(), -1)
         values = [full[t - 1, ids[t]].item() for t in range(start, len(ids))]
         assert abs(sum(values) / len(values) - ref[best]) < 1e-4

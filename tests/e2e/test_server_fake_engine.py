@@ -1,74 +1,81 @@
 """The server's mapping of engine outcomes to HTTP, against a fake engine (no model, fast).
 
-A grammar that fails to compile arrives from the engine as a finished result with
-finish_reason abort; the server answers 400 with its message (before any SSE is sent). An
-invalid pattern raises ValueError at submit (400 naming the field); an engine fault is a 500.
+A grammar that fails to compile arrives from the engine as a finished output whose abort
+reason carries an `InvalidRequest`; the server answers 400 with its message and field (before
+any SSE is sent), judging by the error's type. An invalid pattern raises InvalidRequest at
+submit (400 naming the field); an engine fault is a 500.
 """
 
 from __future__ import annotations
 
-import types
+import time
 
 import httpx
 import pytest
 
 from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.errors import InvalidRequest
+from sgl_lite.backend.outputs import FinishReason, ReqOutput, Submission
 from sgl_lite.backend.server import create_app
 from tests.e2e.server_fixture import serve, sse_events
 
 
+def output(rid: str, text: str, ids: list[int], start: int, reason: FinishReason | None):
+    return ReqOutput(
+        rid=rid,
+        text=text,
+        output_ids=tuple(ids),
+        ids_start=start,
+        prompt_tokens=3,
+        completion_tokens=start + len(ids),
+        cached_tokens=0,
+        forced_tokens=0,
+        e2e_latency=0.01,
+        finish_reason=reason,
+    )
+
+
 class FakeEngine:
-    """Answers per the regex it is given: "bad" raises, "slow" aborts like a compile timeout."""
+    """Answers per the regex it is given: "bad" is refused, "slow" aborts like a compile
+    timeout, "boom" crashes; anything else streams "a", then "b"."""
 
     def __init__(self) -> None:
-        self.config = EngineConfig(served_model_name="fake")
+        self.config = EngineConfig(served_model_name="fake", device="cpu")
         self.model_folder = "/models/fake"
-        self.runner = types.SimpleNamespace(
-            context_length=64, pool=types.SimpleNamespace(num_slots=128)
-        )
+        self.context_length = 64
         self.aborted: list[str] = []
+        self.hanging: dict[str, object] = {}  # rid -> sink of a request that never ends
 
-    def generate(
-        self, prompt=None, sampling_params=None, input_ids=None, rid=None, stream=False, **_
-    ):
+    def max_new_tokens_room(self, prompt_len: int) -> int:
+        return 64 - prompt_len
+
+    def submit(self, sink, prompt=None, sampling_params=None, input_ids=None, rid=None, **_):
         params = (
             sampling_params if isinstance(sampling_params, dict) else (sampling_params or [{}])[0]
         )
         regex = params.get("regex")
         if regex == "bad":
-            raise ValueError("sampling param regex is not a valid regular expression: bad")
+            raise InvalidRequest("regex", "regex 'bad' is not a valid regular expression")
         if regex == "boom":
             raise RuntimeError("grammar worker crashed")
-        if regex == "slow":
-            reason = {"type": "abort", "message": "grammar compile timed out after 10 s"}
+        rid = rid[0]
+        if regex == "hang":  # one token, then nothing until aborted
+            self.hanging[rid] = sink
+            sink(output(rid, "a", [1], 0, None))
+        elif regex == "slow":
+            message = "grammar compile timed out after 10 s"
+            reason = FinishReason.abort(message, InvalidRequest("regex", message))
+            sink(output(rid, "", [], 0, reason))
         else:
-            reason = {"type": "length", "length": 2}
-        meta = {
-            "id": rid[0],
-            "prompt_tokens": 3,
-            "completion_tokens": 2,
-            "cached_tokens": 0,
-            "finish_reason": None,
-            "e2e_latency": 0.01,
-            "forced_tokens": 0,
-        }
-        chunks = (
-            [{"text": "a", "output_ids": [1], "meta_info": meta, "index": 0}]
-            if (regex != "slow")
-            else []
-        )
-        chunks.append(
-            {
-                "text": "ab" if regex != "slow" else "",
-                "output_ids": [1, 2],
-                "meta_info": {**meta, "finish_reason": reason},
-                "index": 0,
-            }
-        )
-        return iter(chunks)
+            sink(output(rid, "a", [1], 0, None))
+            sink(output(rid, "b", [2], 1, FinishReason.length_reached(2)))
+        return Submission((rid,), ((rid,),), batched=True)
 
     def abort(self, rid: str) -> None:
         self.aborted.append(rid)
+        sink = self.hanging.pop(rid, None)
+        if sink is not None:
+            sink(output(rid, "", [], 1, FinishReason.abort("aborted by request")))
 
     def flush_cache(self) -> bool:
         return True
@@ -85,8 +92,13 @@ class FakeEngine:
 
 
 @pytest.fixture(scope="module")
-def url():
-    with serve(create_app(FakeEngine())) as base:
+def fake():
+    return FakeEngine()
+
+
+@pytest.fixture(scope="module")
+def url(fake):
+    with serve(create_app(fake)) as base:
         yield base
 
 
@@ -103,6 +115,7 @@ def test_grammar_compile_failure_is_a_400_with_its_message(url):
         response = generate(url, "slow", stream)
         assert response.status_code == 400
         assert "timed out" in response.json()["error"]["message"]
+        assert response.json()["error"]["param"] == "regex"
 
 
 def test_invalid_regex_at_submit_is_a_400_naming_regex(url):
@@ -116,6 +129,27 @@ def test_engine_fault_is_a_500_json_error_and_the_server_keeps_serving(url):
     ok = generate(url, "fine", stream=True)
     events = list(sse_events(ok.iter_lines()))
     assert events[-1] == "[DONE]" and events[-2]["text"] == "ab"
+
+
+def wait_aborted(fake: FakeEngine, rid: str) -> None:
+    deadline = time.monotonic() + 10
+    while rid not in fake.aborted:
+        assert time.monotonic() < deadline, f"{rid} was never aborted"
+        time.sleep(0.02)
+
+
+def test_a_client_leaving_a_plain_request_aborts_it(url, fake):
+    body = {"text": "x", "rid": "plain", "sampling_params": {"regex": "hang"}}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/generate", json=body, timeout=httpx.Timeout(10, read=0.3))
+    wait_aborted(fake, "plain")  # on the client's disconnect message
+
+
+def test_a_client_leaving_a_stream_aborts_it(url, fake):
+    body = {"text": "x", "rid": "streamed", "stream": True, "sampling_params": {"regex": "hang"}}
+    with httpx.stream("POST", f"{url}/generate", json=body, timeout=10) as response:
+        assert next(sse_events(response.iter_lines()))["text"] == "a"
+    wait_aborted(fake, "streamed")
 
 
 def test_openai_names_the_fake_model_and_rejects_others(url):

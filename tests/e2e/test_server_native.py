@@ -153,6 +153,23 @@ def test_stream_holds_back_text_that_may_become_a_stop_string(url):
     assert all(full["text"].startswith(t) for t in texts) and texts[-1] == full["text"]
 
 
+def test_stop_regex_streams_only_final_text_and_reports_the_match(url):
+    body = {
+        "text": "Count: 1, 2, 3, 4, 5, 6,",
+        "sampling_params": {**GREEDY, "max_new_tokens": 12, "stop_regex": r"\b9\b"},
+    }
+    full = post(url, "/generate", body).json()
+    assert full["meta_info"]["finish_reason"] == {"type": "stop", "matched": "9"}
+    assert "9" not in full["text"] and full["text"].rstrip().endswith("8,")
+    with httpx.stream(
+        "POST", f"{url}/generate", json={**body, "stream": True}, timeout=120
+    ) as response:
+        texts = [e["text"] for e in sse_events(response.iter_lines()) if e != "[DONE]"]
+    assert all(full["text"].startswith(t) for t in texts) and texts[-1] == full["text"]
+    bad = post(url, "/generate", {**body, "sampling_params": {"stop_regex": "("}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stop_regex"
+
+
 def test_abort_request_ends_a_running_stream(url, engine):
     body = {
         "text": "Tell me a long story.",

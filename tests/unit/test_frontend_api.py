@@ -45,13 +45,17 @@ def test_sampling_layers_gen_over_run_over_global_and_adds_template_stop():
     assert req.return_logprob and req.logprob_start_len == -1
 
 
-def test_dtype_becomes_a_regex():
-    from sgl_lite.backend.constrained import dtypes
-
+def test_dtype_becomes_a_regex_and_adds_the_dtype_stops():
     req = sampling.resolve(
         sgl.gen_int("n").sampling, sampling.run_defaults({}), get_chat_template("default")
     )
-    assert req.sampling_params["regex"] == dtypes.dtype_to_regex(int)
+    assert req.sampling_params["regex"] == r"[-+]?[0-9]+"
+    assert req.sampling_params["stop"] == [" ", "\n"]
+    req = sampling.resolve(
+        sgl.gen_string("s").sampling, sampling.run_defaults({}), get_chat_template("chatml")
+    )
+    assert req.sampling_params["regex"] == r"\"[\w\d\s]*\""
+    assert req.sampling_params["stop"] == ["<|im_end|>"]  # a str may hold spaces and newlines
 
 
 @pytest.mark.parametrize(
@@ -59,7 +63,10 @@ def test_dtype_becomes_a_regex():
     [
         (lambda: sgl.gen("x", max_length=5), "did you mean 'max_tokens'"),
         (lambda: sgl.gen("x", regex="(unclosed"), "invalid regex"),
-        (lambda: sgl.gen("x", regex=r"(?<=a)b"), "does not support"),
+        (lambda: sgl.gen("x", regex=r"(?<=a)b"), "lookbehind cannot be compiled"),
+        (lambda: sgl.gen("x", regex=r"(a)\1"), "backreference"),
+        (lambda: sgl.gen("x", regex=r"\bword"), "word boundaries"),
+        (lambda: sgl.gen("x", regex=3), "must be a string"),
         (lambda: sgl.gen("x", regex="a", json_schema="{}"), "at most one"),
         (lambda: sgl.gen("x", json_schema="{not json"), "not valid JSON"),
         (lambda: sgl.gen("x", dtype=list), "dtype"),

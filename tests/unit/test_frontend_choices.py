@@ -1,11 +1,10 @@
-"""The three select methods on hand-made logprobs, and the prefix/choice token boundary."""
+"""The three select methods on hand-made logprobs (the token boundary: test_frontend_tokenizer)."""
 
 from __future__ import annotations
 
 import pytest
 
 import sgl_lite as sgl
-from sgl_lite.frontend.choices import common_prefix_len
 
 
 def test_token_length_normalized_picks_highest_mean_logprob():
@@ -49,8 +48,3 @@ def test_unconditional_likelihood_normalized_subtracts_the_prior():
 def test_unconditional_likelihood_normalized_needs_unconditional_logprobs():
     with pytest.raises(ValueError, match="without the prompt"):
         sgl.unconditional_likelihood_normalized(choices=["a"], token_logprobs=[[-1.0]])
-
-
-def test_common_prefix_len():
-    assert common_prefix_len([1, 2, 3], [1, 2, 4, 5]) == 2
-    assert common_prefix_len([], [1]) == 0

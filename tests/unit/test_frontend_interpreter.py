@@ -4,6 +4,7 @@ scopes, streaming, batches and errors."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -194,6 +195,23 @@ def test_error_in_run_raises_from_the_variable_read():
         prog.run(backend=MockBackend(reply))
 
 
+def test_work_added_after_a_failed_step_is_dropped_instead_of_waited_for():
+    def reply(text, req):
+        raise RuntimeError("engine down")
+
+    state = sgl.ProgramState(MockBackend(reply))
+    state += "x" + sgl.gen("a")
+    with pytest.raises(sgl.ProgramError, match="engine down"):
+        state["a"]  # the step has failed by now
+    state += sgl.gen("b")  # must not leave a queue that nothing will ever run
+    done = threading.Event()
+    threading.Thread(target=lambda: (state.sync(), done.set()), daemon=True).start()
+    assert done.wait(5), "sync() waits for work a failed program will never run"
+    assert isinstance(state.error(), RuntimeError)
+    with pytest.raises(sgl.ProgramError, match="gen\\('a'\\)"):
+        state["b"]
+
+
 def test_reading_a_variable_that_is_never_set_raises_instead_of_waiting():
     @sgl.function
     def prog(s):
@@ -269,3 +287,52 @@ def test_runtime_run_executes_an_anonymous_program():
     )
     assert state["answer"] == "42"
     assert state.messages()[-1] == {"role": "assistant", "content": "42"}
+
+
+@pytest.fixture
+def no_default_backend():
+    """Clears the default backend and its factory for one test, then puts them back."""
+    from sgl_lite.frontend import globals as g
+
+    saved = g.get_default_backend(), g.get_default_backend_factory()
+    g.set_default_backend(None)
+    yield g
+    g.set_default_backend(saved[0])
+    g.set_default_backend_factory(saved[1])
+
+
+def test_reading_the_default_starts_nothing_a_program_starts_it_once(no_default_backend):
+    g = no_default_backend
+    assert g.get_default_backend_factory() is sgl.Runtime  # registered by `import sgl_lite`
+    made = []
+
+    def factory():
+        made.append(MockBackend(lambda text, req: "hi", delay=0.05))
+        return made[-1]
+
+    g.set_default_backend_factory(factory)
+    assert g.get_default_backend() is None and not made
+
+    @sgl.function
+    def prog(s):
+        s += "x" + sgl.gen("a")
+
+    threads = [threading.Thread(target=prog.run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(made) == 1 and g.get_default_backend() is made[0]
+    assert prog.run()["a"] == "hi" and sgl.get_server_info() == {}
+    assert len(made) == 1
+
+
+def test_without_a_default_or_a_factory_a_run_says_how_to_set_one(no_default_backend):
+    no_default_backend.set_default_backend_factory(None)
+
+    @sgl.function
+    def prog(s):
+        s += "x"
+
+    with pytest.raises(RuntimeError, match="set_default_backend"):
+        prog.run()

@@ -1,5 +1,6 @@
-"""Chat-template derivation and select's token boundary with SmolLM2's real tokenizer, and
-EngineBackend against a fake engine that follows the Engine API."""
+"""Chat-template derivation and select's token boundary with a tiny BPE tokenizer built in the
+test (ChatML template with a default system prompt, as SmolLM2's), and EngineBackend against a
+fake engine that follows the Engine API."""
 
 from __future__ import annotations
 
@@ -9,15 +10,12 @@ import sgl_lite as sgl
 from sgl_lite.frontend.backends.engine import EngineBackend
 from sgl_lite.frontend.chat_template import from_tokenizer
 from sgl_lite.frontend.choices import choice_tokens
+from tests.conftest import TINY_SYSTEM_PROMPT
 
-SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
-
-@pytest.fixture(scope="session")
-def tok():
-    from sgl_lite.backend.model_loader import load_tokenizer, resolve_model_path
-
-    return load_tokenizer(resolve_model_path(None))
+@pytest.fixture(scope="module")
+def tok(tiny_tokenizer):
+    return tiny_tokenizer
 
 
 class FakeEngine:
@@ -95,7 +93,7 @@ class FakeEngine:
 def test_roles_are_derived_from_the_tokenizers_template(tok):
     t = from_tokenizer(tok)
     assert t.get_prefix_and_suffix("user") == ("<|im_start|>user\n", "<|im_end|>\n")
-    assert t.default_system_prompt == SMOL_SYSTEM
+    assert t.default_system_prompt == TINY_SYSTEM_PROMPT
     assert "<|im_end|>" in t.stop_str
     for msgs in (
         [{"role": "user", "content": "hi"}],

@@ -1,72 +1,67 @@
-"""EngineBridge: from asyncio to the engine's blocking calls, shared by both protocols.
+"""EngineBridge: from asyncio to the engine, shared by both protocols.
 
-Every generation of the HTTP server goes through `EngineBridge.stream`, so a request whose
-client goes away is aborted and its slots freed. Also the small wire helpers both route modules
-use (SSE framing, holding back a tail that may become a stop string, abort → HTTP status).
+Every generation of the HTTP server goes through `EngineBridge.submit` and `stream`: the
+engine's loop thread feeds each submission's `AsyncChannel` (an asyncio.Queue, through
+`call_soon_threadsafe`), so a waiting request costs no thread. A stream the client leaves is
+closed by Starlette, and closing it aborts what is left; a plain request aborts when the
+client's disconnect message arrives. The text that arrives is final (the engine's
+detokenizer holds back what may still become a stop string), so nothing is held back here.
+Also the small wire helpers both route modules use (SSE framing).
 """
+
+from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 
+from sgl_lite.backend.errors import InvalidRequest
+from sgl_lite.backend.outputs import AsyncChannel, FinishReason, ResultCollector
+from sgl_lite.backend.outputs import Submission as EngineSubmission
 from sgl_lite.backend.requests_builder import new_rid
 from sgl_lite.backend.server.metrics import ServerMetrics
-from sgl_lite.backend.server.protocol import (
-    ApiError,
-    field_in,
-)
-
-_WORKER_THREADS = 512  # NOTE: each in-flight request parks one thread on the engine's channel
+from sgl_lite.backend.server.protocol import ApiError, error_for, failure_of
 
 
-def abort_status(result: dict[str, Any]) -> int | None:
-    """The HTTP status an aborted result stands for; None when it is an ordinary result."""
-    reason = result["meta_info"].get("finish_reason") or {}
-    if reason.get("type") != "abort":
-        return None
-    if "status_code" in reason:
-        return int(reason["status_code"])
-    message = reason.get("message") or ""
-    if message == "aborted by request":  # the client's own abort: an ordinary result
-        return None
-    if message.startswith("engine"):  # "engine error: …", "engine shut down"
-        return 500
-    return 400  # the request's grammar failed to compile or timed out
-
-
-# --- the engine bridge -------------------------------------------------------------------------
 @dataclass(eq=False)
 class Submission:
-    """One accepted generate call: engine request ids in output order and the engine's stream."""
+    """One accepted generate call: its engine submission and the channel its outputs use."""
 
-    single: bool  # one prompt with n == 1: the native answer is a dict, not a list
+    engine: EngineSubmission
     client_rids: list[str]
-    rids: list[str]  # prompt-major, then the n samples
-    stops: list[tuple[str, ...]]  # each output's stop strings
-    chunks: Iterator[dict]
-    started: float
+    channel: AsyncChannel
+    collector: ResultCollector
+    batched: bool  # the client sent a list
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def single(self) -> bool:
+        """One prompt with n == 1: the native answer is a dict, not a list."""
+        return not self.batched and len(self.engine.rids) == 1
+
+    @property
+    def rids(self) -> tuple[str, ...]:
+        """Engine request ids in output order (prompt-major, then the n samples)."""
+        return self.engine.rids
 
 
 class EngineBridge:
-    """Runs engine calls off the event loop and streams their chunks back into it."""
+    """Submits generate calls and streams their results back into the event loop."""
 
     def __init__(self, engine: Any, metrics: ServerMetrics) -> None:
         self.engine = engine
         self.metrics = metrics
-        self.executor = ThreadPoolExecutor(_WORKER_THREADS, thread_name_prefix="sgl_lite-http")
-        self.running: dict[str, list[str]] = {}  # client rid -> engine rids
+        self.running: dict[str, tuple[str, ...]] = {}  # client rid -> engine rids
 
     async def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """`fn(*args, **kwargs)` on a worker thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+        """`fn(*args, **kwargs)` off the event loop (short blocking engine calls)."""
+        return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def submit(
         self,
@@ -97,67 +92,63 @@ class EngineBridge:
         if clash or len(set(client_rids)) != len(client_rids):
             raise ApiError(400, f"rid {(clash or client_rids)[0]!r} is already in use", param="rid")
         for r in client_rids:
-            self.running[r] = []
-        # NOTE: the engine always sees a list, so every chunk carries its output "index"
+            self.running[r] = ()
+        channel = AsyncChannel()
+        # NOTE: the engine always sees a list, so every result carries its output "index"
         try:
-            chunks = await self.call(
-                self.engine.generate,
+            sub = await self.call(
+                self.engine.submit,
+                channel.put,
                 **({"prompt": prompts} if text is not None else {"input_ids": prompts}),
                 sampling_params=sampling_params,
                 rid=list(client_rids),
                 stream=True,
                 **options,
             )
-        except ValueError as exc:
+        except InvalidRequest as exc:
             self._release(client_rids)
-            raise ApiError(400, str(exc), param=field_in(str(exc), aliases)) from None
+            raise error_for(exc, aliases) from None
         except BaseException:
             self._release(client_rids)
             raise
-        params = (
-            sampling_params
-            if isinstance(sampling_params, list)
-            else [sampling_params] * len(prompts)
-        )
-        rids, stops = [], []
-        for r, p in zip(client_rids, params):
-            n = int((p or {}).get("n") or 1)
-            self.running[r] = [f"{r}-{i}" for i in range(n)] if n > 1 else [r]
-            rids += self.running[r]
-            stop = (p or {}).get("stop") or ()
-            stops += [(stop,) if isinstance(stop, str) else tuple(stop)] * n
-        return Submission(
-            single and len(rids) == 1, client_rids, rids, stops, chunks, time.perf_counter()
-        )
+        for r, group in zip(client_rids, sub.groups):
+            self.running[r] = group
+        collector = ResultCollector(sub, self.engine.abort)
+        return Submission(sub, client_rids, channel, collector, batched=not single)
 
-    async def stream(self, sub: Submission) -> AsyncIterator[dict]:
-        """The engine's chunks (cumulative, each with "index"); leaving early aborts the rest."""
-        pending = set(range(len(sub.rids)))
+    async def stream(self, sub: Submission) -> AsyncGenerator[dict, None]:
+        """Each output's result so far (cumulative, with "index"); leaving early aborts the
+        rest."""
         first_token_seen: set[int] = set()
         try:
-            while pending:
-                chunk = await self.call(next, sub.chunks, None)
-                if chunk is None:
-                    break
-                i, meta = chunk.setdefault("index", 0), chunk["meta_info"]
+            while not sub.collector.done:
+                i, chunk = sub.collector.add(await sub.channel.get())
+                chunk["index"] = i
+                meta = chunk["meta_info"]
                 if meta["completion_tokens"] and i not in first_token_seen:
                     first_token_seen.add(i)
                     self.metrics.observe_first_token(time.perf_counter() - sub.started)
                 if meta["finish_reason"] is not None:
-                    pending.discard(i)
                     self.metrics.observe_finished(chunk)
-                elif sub.stops[i]:
-                    chunk["text"] = chunk["text"][: stop_safe_len(chunk["text"], sub.stops[i])]
                 yield chunk
         finally:
-            for i in pending:
-                self.engine.abort(sub.rids[i])
+            sub.collector.abort_unfinished()
             self._release(sub.client_rids)
+
+    async def open_stream(self, sub: Submission) -> AsyncGenerator[dict, None]:
+        """`stream`, after its first result: raises that result's ApiError if the request
+        failed before any output (so the client gets a status, not an SSE error)."""
+        chunks = self.stream(sub)
+        first = await anext(chunks, None)
+        if first is not None and (error := self._failure(sub, first)) is not None:
+            await chunks.aclose()
+            raise error
+        return _with_first(first, chunks)
 
     async def collect(self, sub: Submission, request: Request | None = None) -> list[dict]:
         """The final results in output order; aborts them if the client disconnects first."""
         results: list[dict] = [{}] * len(sub.rids)
-        watcher = asyncio.create_task(self._abort_on_disconnect(request, sub)) if request else None
+        watcher = asyncio.create_task(_abort_on_disconnect(request, sub)) if request else None
         try:
             async with contextlib.aclosing(self.stream(sub)) as chunks:
                 async for chunk in chunks:
@@ -169,20 +160,18 @@ class EngineBridge:
         for result in results:
             if not result:
                 raise ApiError(500, "the engine's stream ended before every result finished")
-            if (status := abort_status(result)) is not None:
-                raise ApiError(status, result["meta_info"]["finish_reason"].get("message", ""))
+            if (error := self._failure(sub, result)) is not None:
+                raise error
         return results
 
-    async def _abort_on_disconnect(self, request: Request, sub: Submission) -> None:
-        while not await request.is_disconnected():
-            await asyncio.sleep(0.5)
-        for rid in sub.rids:
-            self.engine.abort(rid)
+    @staticmethod
+    def _failure(sub: Submission, chunk: dict) -> ApiError | None:
+        reason: FinishReason | None = sub.collector.reasons[chunk["index"]]
+        return failure_of(reason)
 
     def abort(self, client_rid: str) -> bool:
         """Aborts a running request (all of its n samples) by the id its client gave."""
-        rids = self.running.get(client_rid) or [client_rid]
-        for rid in rids:
+        for rid in self.running.get(client_rid) or (client_rid,):
             self.engine.abort(rid)
         return client_rid in self.running
 
@@ -191,30 +180,20 @@ class EngineBridge:
             self.running.pop(r, None)
 
 
-def stop_safe_len(text: str, stops: tuple[str, ...]) -> int:
-    """How much of a partial output can be shown: not a tail that may grow into a stop string.
+async def _abort_on_disconnect(request: Request, sub: Submission) -> None:
+    """Waits (no polling) for the client's disconnect message, then aborts the submission.
 
-    NOTE: the final text has the stop string trimmed; holding back any tail that is a prefix of a
-    stop string keeps streamed text a prefix of it.
-    """
-    for k in range(min(len(text), max(map(len, stops)) - 1), 0, -1):
-        if any(stop.startswith(text[-k:]) for stop in stops):
-            return len(text) - k
-    return len(text)
+    NOTE: the body has been read in full, so the next ASGI message is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    sub.collector.abort_unfinished()
 
 
-async def first_chunk_or_error(chunks: AsyncIterator[dict]) -> dict | None:
-    """The stream's first chunk, raising its ApiError if the request failed before any output."""
-    first = await anext(chunks, None)
-    if first is not None and (status := abort_status(first)) is not None:
-        await chunks.aclose()
-        raise ApiError(status, first["meta_info"]["finish_reason"].get("message", ""))
-    return first
-
-
-async def with_first(first: dict | None, chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
-    """The chunk `first_chunk_or_error` already took, then the rest; closes `chunks` at the end
-    or when the consumer goes away (which aborts what is left)."""
+async def _with_first(
+    first: dict | None, chunks: AsyncGenerator[dict, None]
+) -> AsyncGenerator[dict, None]:
+    """The chunk `open_stream` already took, then the rest; closes `chunks` at the end or when
+    the consumer goes away (which aborts what is left)."""
     async with contextlib.aclosing(chunks):
         if first is not None:
             yield first
@@ -233,6 +212,3 @@ LOGPROB_KEYS = (
     "input_top_logprobs",
     "output_top_logprobs",
 )
-
-
-# --- the app -------------------------------------------------------------------------------------

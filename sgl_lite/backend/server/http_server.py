@@ -3,7 +3,8 @@
 `create_app(engine)` builds the app; `launch_server` runs it under uvicorn. This module owns the
 wire (JSON bodies, SSE, status codes, auth, body limits) and the bridge from asyncio to the
 engine's blocking calls (`bridge.py`); it never touches tensors, slots or the scheduler. The OpenAI
-endpoints live in `openai_api.py`; both share the bridge and the error body.
+endpoints live in `openai_api.py` and `chat.py`, /tokenize in `tokenizer_api.py`; all share the
+bridge and the error body. `compat.py` decides which foreign request fields are honoured.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,14 +20,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sgl_lite.backend.server.bridge import (
-    LOGPROB_KEYS,
-    EngineBridge,
-    Submission,
-    first_chunk_or_error,
-    sse,
-    with_first,
-)
+from sgl_lite.backend.server.bridge import LOGPROB_KEYS, EngineBridge, Submission, sse
+from sgl_lite.backend.server.chat import add_chat_routes
+from sgl_lite.backend.server.compat import generate_body, sglang05_meta
 from sgl_lite.backend.server.metrics import CONTENT_TYPE, ServerMetrics
 from sgl_lite.backend.server.openai_api import add_openai_routes
 from sgl_lite.backend.server.protocol import (
@@ -38,6 +34,7 @@ from sgl_lite.backend.server.protocol import (
     read_json,
     validation_error,
 )
+from sgl_lite.backend.server.tokenizer_api import add_tokenizer_routes
 
 DEFAULT_MAX_BODY_BYTES = 32 * 2**20
 
@@ -188,7 +185,7 @@ def create_app(
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
-        req = parse(GenerateRequest, await read_json(request, max_body_bytes))
+        req = parse(GenerateRequest, generate_body(await read_json(request, max_body_bytes)))
         sub = await bridge.submit(
             text=req.text,
             input_ids=req.input_ids,
@@ -201,26 +198,28 @@ def create_app(
             return_text_in_logprobs=req.return_text_in_logprobs,
         )
         if not req.stream:
-            results = await bridge.collect(sub, request)
+            results = [sglang05_meta(r) for r in await bridge.collect(sub, request)]
             if sub.single:
                 results[0].pop("index", None)
                 return JsonResponse(results[0])
             return JsonResponse(results)
-        chunks = bridge.stream(sub)
-        first = await first_chunk_or_error(chunks)
-        return StreamingResponse(_native_events(sub, first, chunks), media_type="text/event-stream")
+        chunks = await bridge.open_stream(sub)
+        return StreamingResponse(_native_events(sub, chunks), media_type="text/event-stream")
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
         return Response(await bridge.call(metrics.render), media_type=CONTENT_TYPE)
 
-    add_openai_routes(
-        app,
-        bridge,
-        served_model_name=name,
-        accepted_names={"default", name, config.model_path or "default", str(engine.model_folder)},
-        max_body_bytes=max_body_bytes,
-    )
+    accepted_names = {"default", name, config.model_path or "default", str(engine.model_folder)}
+    for add_routes in (add_openai_routes, add_chat_routes):
+        add_routes(
+            app,
+            bridge,
+            served_model_name=name,
+            accepted_names=accepted_names,
+            max_body_bytes=max_body_bytes,
+        )
+    add_tokenizer_routes(app, bridge, max_body_bytes=max_body_bytes)
     routes = {getattr(r, "path", "") for r in app.routes}
     app.add_middleware(
         _Gate, api_key=api_key, max_body_bytes=max_body_bytes, metrics=metrics, routes=routes
@@ -228,14 +227,12 @@ def create_app(
     return app
 
 
-async def _native_events(
-    sub: Submission, first: dict | None, chunks: AsyncIterator[dict]
-) -> AsyncIterator[str]:
+async def _native_events(sub: Submission, chunks: AsyncGenerator[dict, None]) -> AsyncIterator[str]:
     """SGLang's SSE stream: cumulative text, logprob lists sliced to the entries that are new."""
     sent: dict[tuple[int, str], int] = {}
-    async with contextlib.aclosing(with_first(first, chunks)) as stream:
+    async with contextlib.aclosing(chunks) as stream:
         async for chunk in stream:
-            meta = chunk["meta_info"]
+            meta = sglang05_meta(chunk)["meta_info"]
             for key in LOGPROB_KEYS:
                 if key in meta:
                     entries = list(meta[key])

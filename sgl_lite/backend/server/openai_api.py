@@ -1,14 +1,13 @@
-"""OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions.
+"""OpenAI-compatible endpoints: /v1/models, /v1/completions (chat lives in `chat.py`).
 
 Each endpoint turns its OpenAI body into one native generate call on the shared `EngineBridge`,
-then turns the engine's results (or stream chunks) back into OpenAI's response shapes. Chat
-prompts come from the tokenizer's own chat template.
+then turns the engine's results (or stream chunks) back into OpenAI's response shapes; the
+response and stream builders here serve `/v1/chat/completions` too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,16 +16,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from sgl_lite.backend.server.bridge import (
-    EngineBridge,
-    Submission,
-    first_chunk_or_error,
-    sse,
-    with_first,
-)
+from sgl_lite.backend.server.bridge import EngineBridge, Submission, sse
+from sgl_lite.backend.server.compat import completion_body
 from sgl_lite.backend.server.protocol import (
     ApiError,
-    ChatCompletionRequest,
     CompletionRequest,
     JsonResponse,
     parse,
@@ -42,22 +35,8 @@ _ALIASES = {
     "input_ids": "prompt",
 }
 
-# `response_format: {"type": "json_object"}`: any JSON object nested at most two levels deep.
-# NOTE: a bounded regex compiles in ~1 s; outlines' regex for the schema {"type": "object"} takes
-# ~10 s (the default grammar compile timeout) on SmolLM2's vocabulary.
-_WS = r"[ \n]{0,2}"
-_STR = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"'
-_NUM = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
-_SCALAR = rf"({_STR}|{_NUM}|true|false|null)"
-_ARRAY = rf"\[{_WS}({_SCALAR}({_WS},{_WS}{_SCALAR})*)?{_WS}\]"
 
-
-def _object(value: str) -> str:
-    member = rf"{_STR}{_WS}:{_WS}{value}"
-    return rf"\{{{_WS}({member}({_WS},{_WS}{member})*)?{_WS}\}}"
-
-
-JSON_OBJECT_REGEX = _object(rf"({_SCALAR}|{_ARRAY}|{_object(rf'({_SCALAR}|{_ARRAY})')})")
+_COMPLETION_FIELDS = set(CompletionRequest.model_fields)
 
 
 def add_openai_routes(
@@ -70,15 +49,7 @@ def add_openai_routes(
 ) -> None:
     """Adds the /v1 routes to `app`."""
     engine = bridge.engine
-
-    def check_model(model: str | None) -> None:
-        if model is not None and model not in accepted_names:
-            raise ApiError(
-                404,
-                f"model {model!r} does not exist; this server serves {served_model_name!r}",
-                param="model",
-                type="NotFoundError",
-            )
+    check_model = model_checker(served_model_name, accepted_names)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -92,7 +63,7 @@ def add_openai_routes(
                         "created": int(time.time()),
                         "owned_by": "sgl_lite",
                         "root": served_model_name,
-                        "max_model_len": engine.runner.context_length,
+                        "max_model_len": engine.context_length,
                     }
                 ],
             }
@@ -100,7 +71,8 @@ def add_openai_routes(
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        req = parse(CompletionRequest, await read_json(request, max_body_bytes))
+        body = completion_body(await read_json(request, max_body_bytes), _COMPLETION_FIELDS)
+        req = parse(CompletionRequest, body)
         check_model(req.model)
         if req.suffix:
             raise ApiError(400, "suffix is not supported", param="suffix")
@@ -150,89 +122,25 @@ def add_openai_routes(
             )
         )
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
-        req = parse(ChatCompletionRequest, await read_json(request, max_body_bytes))
-        check_model(req.model)
-        if req.top_logprobs and not req.logprobs:
-            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in req.messages
-        ]
-        try:
-            text = engine.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+
+def model_checker(served_model_name: str, accepted_names: set[str]) -> Any:
+    """A check that a request's `model` names this server's model (a 404 if not)."""
+
+    def check_model(model: str | None) -> None:
+        if model is not None and model not in accepted_names:
+            raise ApiError(
+                404,
+                f"model {model!r} does not exist; this server serves {served_model_name!r}",
+                param="model",
+                type="NotFoundError",
             )
-        except Exception as exc:
-            raise ApiError(400, f"chat template failed: {exc}", param="messages") from None
-        ids = engine.tokenizer.encode(text, add_special_tokens=False)
-        max_tokens = (
-            req.max_completion_tokens if req.max_completion_tokens is not None else (req.max_tokens)
-        )
-        if max_tokens is None:  # until EOS: whatever room the context and the pool leave
-            room = min(engine.runner.context_length, engine.runner.pool.num_slots - 1)
-            max_tokens = max(room - len(ids), 0)
-        params = req.sampling_params(max_tokens)
-        fmt = req.response_format
-        if fmt is not None and fmt.type != "text":
-            if req.regex is not None or req.json_schema is not None:
-                raise ApiError(
-                    400,
-                    "give one of response_format, regex and json_schema",
-                    param="response_format",
-                )
-            if fmt.type == "json_schema":
-                if fmt.json_schema is None:
-                    raise ApiError(
-                        400,
-                        "response_format json_schema needs its json_schema field",
-                        param="response_format.json_schema",
-                    )
-                params["json_schema"] = json.dumps(fmt.json_schema.schema_)
-            else:
-                params["regex"] = JSON_OBJECT_REGEX
-        sub = await bridge.submit(
-            input_ids=ids,
-            sampling_params=params,
-            rid=req.rid,
-            aliases={**_ALIASES, "input_ids": "messages"},
-            return_logprob=req.logprobs,
-            top_logprobs_num=req.top_logprobs or 0,
-            return_text_in_logprobs=True,
-        )
-        reply = _Reply("chatcmpl", "chat.completion", served_model_name, req.n)
-        if req.stream:
-            return await _streaming(
-                sub,
-                bridge,
-                reply.chat_chunk,
-                reply,
-                req.stream_options and req.stream_options.include_usage,
-            )
-        results = await bridge.collect(sub, request)
-        return JsonResponse(
-            reply.body(
-                [
-                    {
-                        "index": i,
-                        "message": {"role": "assistant", "content": r["text"]},
-                        "logprobs": _chat_logprobs(r["meta_info"], 0) if req.logprobs else None,
-                        **_finish(r["meta_info"]),
-                    }
-                    for i, r in enumerate(results)
-                ],
-                results,
-            )
-        )
+
+    return check_model
 
 
 def _prompt_text(engine: Any, prompt: Any, i: int) -> str:
-    item = (
-        prompt
-        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))
-        else (prompt[i])
-    )
+    single = isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))
+    item = prompt if single else prompt[i]
     return item if isinstance(item, str) else engine.tokenizer.decode(item)
 
 
@@ -387,13 +295,12 @@ class _Reply:
 async def _streaming(
     sub: Submission, bridge: EngineBridge, convert: Any, reply: _Reply, include_usage: bool | None
 ) -> StreamingResponse:
-    chunks = bridge.stream(sub)
-    first = await first_chunk_or_error(chunks)
+    chunks = await bridge.open_stream(sub)
 
     async def events() -> AsyncIterator[str]:
         finals: list[dict] = [{}] * len(sub.rids)
         started: set[int] = set()
-        async with contextlib.aclosing(with_first(first, chunks)) as stream:
+        async with contextlib.aclosing(chunks) as stream:
             async for chunk in stream:
                 i = chunk["index"]
                 if chunk["meta_info"]["finish_reason"] is not None:

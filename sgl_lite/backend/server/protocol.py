@@ -2,7 +2,8 @@
 
 Only the shape of a request is checked here (types, ranges the wire format fixes). What a value
 means for generation (sampling ranges, prompt length, grammars) is the engine's to judge: its
-ValueErrors name the field and arrive as the same 400 body.
+`InvalidRequest` carries the field, and `error_for` turns it into the same 400 body. HTTP
+statuses come from error types, never from message text.
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from sgl_lite.backend.errors import InvalidRequest
+from sgl_lite.backend.outputs import FinishReason
+from sgl_lite.common import SAMPLING_PARAM_NAMES
+
 
 class _Wire(BaseModel):
-    # NOTE: unknown fields are ignored (clients send extras such as `user`, `image_data`);
-    # wrong types of known fields are rejected.
+    # NOTE: unknown fields are ignored here: `compat.py` has already refused or removed each
+    # top-level field a model does not read (`user`, `image_data`, ...); wrong types are rejected.
     model_config = ConfigDict(extra="ignore")
 
 
@@ -57,6 +62,7 @@ class _SamplingFields(_Wire):
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     stop: StrictStr | list[StrictStr] | None = None
+    stop_regex: StrictStr | list[StrictStr] | None = None
     seed: StrictInt | None = None
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
@@ -77,25 +83,13 @@ class _SamplingFields(_Wire):
 
     def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
         """SGLang sampling params for the engine (it checks the values)."""
-        params = {
+        fields = type(self).model_fields
+        params = {name: getattr(self, name) for name in SAMPLING_PARAM_NAMES if name in fields}
+        # OpenAI's spellings of SGLang's names
+        params |= {
             "max_new_tokens": max_new_tokens,
             "min_new_tokens": self.min_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty,
-            "stop": self.stop,
-            "stop_token_ids": self.stop_token_ids,
-            "ignore_eos": self.ignore_eos,
-            "skip_special_tokens": self.skip_special_tokens,
-            "no_stop_trim": self.no_stop_trim,
-            "n": self.n,
             "sampling_seed": self.seed,
-            "regex": self.regex,
-            "json_schema": self.json_schema,
         }
         return {k: v for k, v in params.items() if v is not None}
 
@@ -115,10 +109,23 @@ class ContentPart(_Wire):
     text: StrictStr
 
 
+class FunctionCall(_Wire):
+    name: StrictStr
+    arguments: StrictStr
+
+
+class ToolCall(_Wire):
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Wire):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[ContentPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: StrictStr | None = None
 
     def text(self) -> str:
         """The message's content as one string (text parts joined)."""
@@ -139,8 +146,38 @@ class ResponseFormat(_Wire):
     json_schema: JsonSchemaFormat | None = None
 
 
+class _Closed(_Wire):
+    # NOTE: a tool's definition is refused, not trimmed, when it carries a field we do not know
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionDef(_Closed):
+    name: StrictStr = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(_Closed):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Closed):
+    name: StrictStr
+
+
+class NamedToolChoice(_Closed):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatCompletionRequest(_SamplingFields):
     """`POST /v1/chat/completions`."""
+
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = Field(None, ge=0)
@@ -180,46 +217,20 @@ class JsonResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-_FIELDS = (
-    "input_ids",
-    "text",
-    "prompt",
-    "sampling_params",
-    "rid",
-    "logprob_start_len",
-    "top_logprobs_num",
-    "max_new_tokens",
-    "min_new_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "stop_token_ids",
-    "stop",
-    "n",
-    "sampling_seed",
-    "regex",
-    "json_schema",
-    "messages",
-)
+def error_for(exc: InvalidRequest, aliases: dict[str, str] | None = None) -> ApiError:
+    """The 400 for an engine refusal, naming its field in the caller's own spelling."""
+    field = exc.field if exc.field is None else (aliases or {}).get(exc.field, exc.field)
+    return ApiError(400, str(exc), param=field)
 
 
-def field_in(message: str, aliases: dict[str, str] | None = None) -> str | None:
-    """The first request field a (engine) error message names, in the caller's own spelling."""
-    if message.startswith("unknown sampling param"):
-        return (aliases or {}).get("sampling_params", "sampling_params")
-    hits = [
-        (m.start(), name)
-        for name in _FIELDS
-        if (m := re.search(rf"(?<![\w.]){name}(?![\w])", message))
-    ]
-    if not hits:
+def failure_of(reason: FinishReason | None) -> ApiError | None:
+    """The error a finished result stands for: None for an ordinary one (a client's own abort
+    included); a 400 when the request was at fault (its grammar failed), else a 500."""
+    if reason is None or reason.type != "abort" or reason.error is None:
         return None
-    name = min(hits)[1]
-    return (aliases or {}).get(name, name)
+    if isinstance(reason.error, InvalidRequest):
+        return error_for(reason.error)
+    return ApiError(500, reason.message or str(reason.error))
 
 
 def error_body(

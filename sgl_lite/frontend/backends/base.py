@@ -41,6 +41,8 @@ class GenRequest:
 
 
 class GenResult(NamedTuple):
+    """A generation's text (stop strings trimmed) and its meta_info (tokens, finish reason)."""
+
     text: str
     meta_info: dict[str, Any]
 
@@ -68,10 +70,12 @@ class Backend:
         """Prefills `text` so later requests that start with it hit the prefix cache."""
 
     def flush_cache(self) -> bool:
+        """Empties the prefix cache; False when the backend has none to flush."""
         return False
 
     def get_server_info(self) -> dict[str, Any]:
+        """What the backend reports about itself (cache hit rate, config, ...)."""
         return {}
 
     def shutdown(self) -> None:
-        pass
+        """Releases the backend's engine or connection."""

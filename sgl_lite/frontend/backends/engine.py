@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt
-from sgl_lite.frontend.chat_template import ChatTemplate, from_tokenizer
+from sgl_lite.frontend.chat_template import ChatTemplate, from_tokenizer, get_chat_template
 from sgl_lite.frontend.choices import (
     ChoicesDecision,
     ChoicesMethod,
@@ -33,6 +33,8 @@ class EngineBackend(Backend):
         **engine_kwargs: Any,
     ) -> None:
         if engine is None:
+            # NOTE: imported here, not at the top: the engine loads torch, and `import sgl_lite`
+            # must not.
             from sgl_lite.backend.engine import Engine
 
             threads = os.environ.get("SGL_LITE_NUM_THREADS")
@@ -42,8 +44,6 @@ class EngineBackend(Backend):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         if isinstance(chat_template, str):
-            from sgl_lite.frontend.chat_template import get_chat_template
-
             chat_template = get_chat_template(chat_template)
         self.chat_template = chat_template or from_tokenizer(self.tokenizer)
 

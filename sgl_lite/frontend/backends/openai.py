@@ -12,28 +12,25 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from sgl_lite.common.sampling_names import OPENAI_SPELLINGS, SAMPLING_PARAM_NAMES
 from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt
 from sgl_lite.frontend.chat_template import ChatTemplate, get_chat_template_by_model_path
 from sgl_lite.frontend.choices import ChoicesDecision, ChoicesMethod
 
+# The SGLang sampling params OpenAI's API has too, under OpenAI's names.
 _STANDARD = {
-    "max_new_tokens": "max_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "stop": "stop",
+    name: OPENAI_SPELLINGS.get(name, name)
+    for name in (
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "stop",
+    )
 }
-_EXTRA = (
-    "top_k",
-    "min_p",
-    "regex",
-    "json_schema",
-    "ignore_eos",
-    "min_new_tokens",
-    "stop_token_ids",
-    "repetition_penalty",
-)
+# Every other SGLang sampling param travels in the extra body (sgl_lite and SGLang read it).
+_EXTRA = tuple(name for name in SAMPLING_PARAM_NAMES if name not in _STANDARD)
 _COMPLETION_MODELS = ("gpt-3.5-turbo-instruct", "davinci", "babbage")
 _NEUTRAL = {"top_k": -1, "min_p": 0.0, "ignore_eos": False, "stop_token_ids": []}
 

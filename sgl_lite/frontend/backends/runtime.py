@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from sgl_lite.frontend import sampling
 from sgl_lite.frontend.backends.base import Backend
+from sgl_lite.frontend.backends.engine import EngineBackend
+from sgl_lite.frontend.backends.runtime_endpoint import RuntimeEndpoint
+from sgl_lite.frontend.interpreter import ProgramState
 
 
 class Runtime:
+    """A handle on the in-process engine or a remote server (see the module docstring)."""
+
     def __init__(
         self,
         model_path_or_url: str | None = None,
@@ -25,16 +31,13 @@ class Runtime:
         if model_path is not None and model_path_or_url is not None:
             raise TypeError("Runtime() takes a model path or a URL once, not both")
         if isinstance(target, str) and target.startswith(("http://", "https://")):
-            from sgl_lite.frontend.backends.runtime_endpoint import RuntimeEndpoint
-
             self.backend: Backend = RuntimeEndpoint(target, api_key=api_key, **kwargs)
         else:
-            from sgl_lite.frontend.backends.engine import EngineBackend
-
             self.backend = EngineBackend(target, **kwargs)
 
     @property
     def endpoint(self) -> Backend:
+        """The backend this runtime wraps (SGLang's name)."""
         return self.backend
 
     @property
@@ -44,9 +47,6 @@ class Runtime:
 
     def run(self, *exprs: Any, **run_kwargs: Any) -> Any:
         """Runs an anonymous program made of `exprs`; returns its state once done."""
-        from sgl_lite.frontend import sampling
-        from sgl_lite.frontend.interpreter import ProgramState
-
         unknown = [k for k in run_kwargs if k not in sampling.RUN_ARGS]
         if unknown:
             raise TypeError(
@@ -66,12 +66,15 @@ class Runtime:
         return getattr(self.backend, name)
 
     def flush_cache(self) -> bool:
+        """Empties the backend's prefix cache."""
         return self.backend.flush_cache()
 
     def get_server_info(self) -> dict[str, Any]:
+        """The backend's server info (cache hit rate, config, ...)."""
         return self.backend.get_server_info()
 
     def shutdown(self) -> None:
+        """Stops the engine (or closes the connection)."""
         self.backend.shutdown()
 
     def __enter__(self) -> Runtime:

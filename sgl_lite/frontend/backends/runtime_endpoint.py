@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from sgl_lite.common.sequences import common_prefix_len
 from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt
 from sgl_lite.frontend.chat_template import (
     ChatTemplate,
@@ -21,7 +22,6 @@ from sgl_lite.frontend.chat_template import (
 from sgl_lite.frontend.choices import (
     ChoicesDecision,
     ChoicesMethod,
-    common_prefix_len,
     logprob_values,
 )
 
@@ -42,7 +42,7 @@ class RuntimeEndpoint(Backend):
         retries: int = 3,
         backoff: float = 0.5,
     ) -> None:
-        import requests
+        import requests  # NOTE: on use, so `import sgl_lite` does not load it
 
         self._requests = requests
         self.base_url = base_url.rstrip("/")
@@ -189,6 +189,7 @@ class RuntimeEndpoint(Backend):
         return self._call("GET", "/get_server_info")
 
     def get_model_info(self) -> dict[str, Any]:
+        """The server's /get_model_info answer (model path, ...), read at connect time."""
         return self.model_info
 
 

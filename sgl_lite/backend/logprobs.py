@@ -1,0 +1,126 @@
+"""Logprobs, input and output, in one place: from logits rows to SGLang's entries.
+
+`token_logprobs` is the one tensor computation (log-softmax, the chosen token's value, the top
+k); the sampler calls it for sampled tokens and `input_logprobs` for prompt positions. A
+request's `LogprobState` turns the numbers into `(logprob, token_id, text|None)` entries and
+hands them out as deltas. SGLang's convention: `input_token_logprobs` lines up with
+`input_ids[logprob_start_len:]` and its first entry's logprob is always None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+from sgl_lite.backend.outputs import LogprobDelta, LogprobEntry, TopEntries
+
+if TYPE_CHECKING:
+    from sgl_lite.backend.model_runner import Segment
+
+TokenText = Callable[[int], str | None]
+
+
+class TokenLogprobs(NamedTuple):
+    """Per row: the target token's logprob and the top-k (logprob, token) pairs (k may be 0)."""
+
+    chosen: list[float]
+    top: list[list[tuple[float, int]]] | None
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, k: int) -> TokenLogprobs:
+    """logits (R, V), targets (R,) token ids → logprob of each target and the top k per row."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
+    chosen = logprobs.gather(1, targets[:, None].to(logprobs.device)).squeeze(1).tolist()
+    if k <= 0:
+        return TokenLogprobs(chosen, None)
+    values, ids = logprobs.topk(k, dim=-1)  # (R, k)
+    return TokenLogprobs(chosen, [list(zip(v, t)) for v, t in zip(values.tolist(), ids.tolist())])
+
+
+class InputLogprobs(NamedTuple):
+    """Prompt logprobs one pass computed: positions `positions` of the prompt, and whether the
+    prompt is now complete."""
+
+    positions: list[int]
+    values: TokenLogprobs
+    done: bool
+
+
+@dataclass(eq=False)
+class LogprobState:
+    """One request's logprob settings and the entries not handed out yet."""
+
+    start_len: int  # first prompt position with an entry
+    top_k: int = 0
+    with_text: bool = False
+    input_done: bool = False
+    _first_added: bool = False
+    _input: list[LogprobEntry] = field(default_factory=list)
+    _input_top: list[TopEntries] = field(default_factory=list)
+    _output: list[LogprobEntry] = field(default_factory=list)
+    _output_top: list[TopEntries] = field(default_factory=list)
+
+    def input_logprobs(
+        self, input_ids: list[int], segment: Segment, rows: torch.Tensor | None
+    ) -> InputLogprobs:
+        """The prompt logprobs in a segment's logits `rows` (row j predicts the token after
+        position `segment.start + segment.logits_from + j`)."""
+        first, n = self.start_len, len(input_ids)
+        start = segment.start + segment.logits_from
+        count = 0 if rows is None else rows.shape[0]
+        wanted = [j for j in range(count) if max(first, 1) <= start + j + 1 < n]
+        positions = [start + j + 1 for j in wanted]
+        values = TokenLogprobs([], None)
+        if wanted:
+            assert rows is not None
+            targets = torch.tensor([input_ids[p] for p in positions])
+            values = token_logprobs(rows[wanted], targets, self.top_k)
+        return InputLogprobs(positions, values, start + count >= n - 1 or first >= n)
+
+    def add_input(self, input_ids: list[int], got: InputLogprobs, text: TokenText) -> None:
+        """Records prompt logprobs (the first position's logprob is None, SGLang's way)."""
+        if self.start_len == 0 and not self._first_added:
+            self._first_added = True
+            self._input.append((None, input_ids[0], self._text(text, input_ids[0])))
+            self._input_top.append(None)
+        for j, pos in enumerate(got.positions):
+            token = input_ids[pos]
+            self._input.append((got.values.chosen[j], token, self._text(text, token)))
+            self._input_top.append(self._tops(got.values.top, j, text))
+        self.input_done = self.input_done or got.done
+
+    def add_output(self, token: int, values: TokenLogprobs, row: int, text: TokenText) -> None:
+        """Records a sampled token's logprob (row `row` of the sampler's values)."""
+        self._output.append((values.chosen[row], token, self._text(text, token)))
+        self._output_top.append(self._tops(values.top, row, text))
+
+    def take(self) -> LogprobDelta:
+        """The entries recorded since the last call."""
+        tops = self.top_k > 0
+        delta = LogprobDelta(
+            input_tokens=tuple(self._input),
+            input_top=tuple(self._input_top) if tops else None,
+            output_tokens=tuple(self._output),
+            output_top=tuple(self._output_top) if tops else None,
+        )
+        for pending in (self._input, self._input_top, self._output, self._output_top):
+            pending.clear()
+        return delta
+
+    @property
+    def needs_input(self) -> bool:
+        """Whether prompt logprobs are still to be computed."""
+        return self.start_len >= 0 and not self.input_done
+
+    def _text(self, text: TokenText, token: int) -> str | None:
+        return text(token) if self.with_text else None
+
+    def _tops(
+        self, top: list[list[tuple[float, int]]] | None, row: int, text: TokenText
+    ) -> TopEntries:
+        if top is None or self.top_k <= 0:
+            return None
+        return tuple((v, t, self._text(text, t)) for v, t in top[row][: self.top_k])

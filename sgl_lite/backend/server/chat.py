@@ -1,0 +1,176 @@
+"""`POST /v1/chat/completions`: OpenAI chat, structured output and tool calling.
+
+The body is checked field by field (`compat.chat_body`: nothing is dropped silently), the
+messages and tools become one prompt (`tools.chat_prompt`), `response_format` or a required /
+named tool choice becomes the generation's constraint, and the engine's text comes back as
+content or as `tool_calls` (`tool_parser`), whole or as streaming deltas.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from sgl_lite.backend.server import compat
+from sgl_lite.backend.server.bridge import EngineBridge
+from sgl_lite.backend.server.openai_api import (
+    _ALIASES,
+    _chat_logprobs,
+    _finish,
+    _Reply,
+    _streaming,
+    model_checker,
+)
+from sgl_lite.backend.server.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    JsonResponse,
+    parse,
+    read_json,
+)
+from sgl_lite.backend.server.tool_parser import Scan, ToolDeltas, message, scan
+from sgl_lite.backend.server.tools import (
+    JSON_OBJECT_REGEX,
+    ToolPlan,
+    chat_messages,
+    chat_prompt,
+    constraint,
+    plan_tools,
+)
+
+_IMPLEMENTED = set(ChatCompletionRequest.model_fields)
+
+
+def add_chat_routes(
+    app: FastAPI,
+    bridge: EngineBridge,
+    *,
+    served_model_name: str,
+    accepted_names: set[str],
+    max_body_bytes: int,
+) -> None:
+    """Adds `/v1/chat/completions` to `app`."""
+    engine = bridge.engine
+    check_model = model_checker(served_model_name, accepted_names)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        body = compat.chat_body(await read_json(request, max_body_bytes), _IMPLEMENTED)
+        req = parse(ChatCompletionRequest, body)
+        check_model(req.model)
+        if req.top_logprobs and not req.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+        try:
+            text = chat_prompt(engine.tokenizer, chat_messages(req.messages), plan)
+        except Exception as exc:
+            raise ApiError(400, f"chat template failed: {exc}", param="messages") from None
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        max_tokens = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        )
+        if max_tokens is None:  # until EOS: whatever room the context and the pool leave
+            max_tokens = engine.max_new_tokens_room(len(ids))
+        params = {**req.sampling_params(max_tokens), **_constraint(req, plan, engine)}
+        sub = await bridge.submit(
+            input_ids=ids,
+            sampling_params=params,
+            rid=req.rid,
+            aliases={**_ALIASES, "input_ids": "messages"},
+            return_logprob=req.logprobs,
+            top_logprobs_num=req.top_logprobs or 0,
+            return_text_in_logprobs=True,
+        )
+        reply = _Reply("chatcmpl", "chat.completion", served_model_name, req.n)
+        include_usage = req.stream_options and req.stream_options.include_usage
+        if req.stream:
+            convert = reply.chat_chunk if plan.mode == "none" else _ToolChunks(plan, reply)
+            return await _streaming(sub, bridge, convert, reply, include_usage)
+        results = await bridge.collect(sub, request)
+        choices = []
+        for i, r in enumerate(results):
+            finish = _finish(r["meta_info"])
+            if plan.mode == "none":
+                msg: dict[str, Any] = {"role": "assistant", "content": r["text"]}
+            else:
+                result = scan(plan, r["text"], final=True)
+                msg = message(result)
+                finish = _tool_finish(finish, result)
+            choices.append(
+                {
+                    "index": i,
+                    "message": msg,
+                    "logprobs": _chat_logprobs(r["meta_info"], 0) if req.logprobs else None,
+                    **finish,
+                }
+            )
+        return JsonResponse(reply.body(choices, results))
+
+
+def _constraint(req: ChatCompletionRequest, plan: ToolPlan, engine: Any) -> dict[str, str]:
+    """The regex / json_schema sampling param from response_format or a forced tool call."""
+    fmt = req.response_format
+    given = [
+        name
+        for name, on in (
+            ("response_format", fmt is not None and fmt.type != "text"),
+            ("regex", req.regex is not None),
+            ("json_schema", req.json_schema is not None),
+            ("tool_choice", plan.mode in ("required", "named")),
+        )
+        if on
+    ]
+    if len(given) > 1:
+        raise ApiError(
+            400, f"give one of {' and '.join(given)}: each sets the output's format", param=given[0]
+        )
+    if plan.mode in ("required", "named"):
+        regex = constraint(plan, engine.builder.compiler)
+        return {"regex": regex} if regex is not None else {}
+    if fmt is None or fmt.type == "text":
+        return {}
+    if fmt.type == "json_object":
+        # NOTE: any JSON object nested at most three levels deep; a true any-JSON grammar needs a
+        # context-free backend, and outlines' regex for {"type": "object"} takes ~10 s to build.
+        return {"regex": JSON_OBJECT_REGEX}
+    if fmt.json_schema is None:
+        raise ApiError(
+            400,
+            "response_format json_schema needs its json_schema field",
+            param="response_format.json_schema",
+        )
+    return {"json_schema": json.dumps(fmt.json_schema.schema_)}
+
+
+def _tool_finish(finish: dict[str, Any], result: Scan) -> dict[str, Any]:
+    """OpenAI's finish reason: "tool_calls" when a call ends the turn."""
+    if result.calls and finish["finish_reason"] == "stop":
+        return {**finish, "finish_reason": "tool_calls"}
+    return finish
+
+
+class _ToolChunks:
+    """Converts one request's engine chunks into chat chunks with content/tool-call deltas."""
+
+    def __init__(self, plan: ToolPlan, reply: _Reply) -> None:
+        self.plan, self.reply = plan, reply
+        self.deltas: dict[int, ToolDeltas] = {}
+
+    def __call__(self, chunk: dict, first: bool) -> dict[str, Any] | None:
+        i, meta = chunk["index"], chunk["meta_info"]
+        finish = _finish(meta)
+        final = finish["finish_reason"] is not None
+        result = scan(self.plan, chunk["text"], final)
+        delta = self.deltas.setdefault(i, ToolDeltas()).delta(result, final)
+        start = self.reply._new_logprobs(chunk)
+        if not delta and not first and not final:
+            return None
+        choice = {
+            "index": i,
+            "delta": {"role": "assistant", **delta} if first else delta,
+            "logprobs": _chat_logprobs(meta, start) if "output_token_logprobs" in meta else None,
+            **_tool_finish(finish, result),
+        }
+        return self.reply.chunk([choice])

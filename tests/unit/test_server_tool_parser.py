@@ -1,0 +1,204 @@
+"""Tool-call scanning without a model: `<tool_call>` blocks in free text, the constrained JSON
+list of calls, and streaming deltas that concatenate to the final message at every split."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sgl_lite.backend.server.protocol import ApiError
+from sgl_lite.backend.server.tool_parser import ToolDeltas, message, scan
+from sgl_lite.backend.server.tools import (
+    DEFAULT_TOOL_PROMPT,
+    JSON_OBJECT_REGEX,
+    chat_prompt,
+    constraint,
+    plan_tools,
+)
+
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+NOTE = {"type": "function", "function": {"name": "note-it", "parameters": {"type": "object"}}}
+
+
+class _Compiler:
+    """Stands in for the engine's grammar compiler: the regex of ADD's parameters."""
+
+    def validate(self, kind, schema):
+        assert kind == "json_schema" and schema == ADD["function"]["parameters"]
+        return r'\{"a": -?[0-9]+, "b": -?[0-9]+\}'
+
+
+def auto(parallel: bool = True):
+    return plan_tools([ADD, NOTE], "auto", parallel)
+
+
+def test_auto_scan_splits_content_and_valid_calls():
+    text = (
+        "Let me add.\n<tool_call>\n"
+        '{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
+        '<tool_call>{"name": "note-it", "arguments": {"x": [1]}}</tool_call>'
+    )
+    result = scan(auto(), text, final=True)
+    assert result.content == "Let me add.\n\n"
+    assert [(c.name, json.loads(c.arguments)) for c in result.calls] == [
+        ("add", {"a": 1, "b": 2}),
+        ("note-it", {"x": [1]}),
+    ]
+    assert message(result)["content"] == "Let me add.\n\n"
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        '{"name": "nope", "arguments": {}}',  # not a tool
+        '{"name": "add", "arguments": {"a": "one", "b": 2}}',  # arguments do not validate
+        '{"name": "add", "arguments": {"a": 1',  # not JSON
+    ],
+)
+def test_auto_scan_keeps_a_bad_block_as_text(block):
+    text = f"Hi <tool_call>{block}</tool_call>"
+    result = scan(auto(), text, final=True)
+    assert result.calls == [] and result.content == text
+
+
+def test_auto_scan_accepts_an_unclosed_final_block_and_string_arguments():
+    text = '<tool_call>{"name": "add", "arguments": "{\\"a\\": 4, \\"b\\": 5}"}'
+    [call] = scan(auto(), text, final=True).calls
+    assert json.loads(call.arguments) == {"a": 4, "b": 5}
+    assert message(scan(auto(), text, final=True))["content"] is None
+
+
+def test_parallel_tool_calls_false_keeps_only_the_first_call():
+    block = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    result = scan(auto(parallel=False), block + block, final=True)
+    assert len(result.calls) == 1 and result.content == block
+
+
+def test_required_scan_reads_the_constrained_list():
+    plan = plan_tools([ADD, NOTE], "required", True)
+    text = '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "note-it", "arguments": {}}]'
+    result = scan(plan, text, final=True)
+    assert [(c.name, c.arguments, c.done) for c in result.calls] == [
+        ("add", '{"a": 1, "b": 2}', True),
+        ("note-it", "{}", True),
+    ]
+    regex = constraint(plan, compiler=_Compiler())
+    assert re.fullmatch(regex, text)
+    assert not re.fullmatch(regex, "[]")
+
+
+def test_required_constraint_without_parallel_calls_allows_one_call():
+    plan = plan_tools([ADD, NOTE], "required", False)
+    regex = constraint(plan, compiler=_Compiler())
+    assert re.fullmatch(regex, '[{"name": "note-it", "arguments": {"k": "v"}}]')
+    assert not re.fullmatch(
+        regex, '[{"name": "note-it", "arguments": {}}, {"name": "note-it", "arguments": {}}]'
+    )
+
+
+def test_free_form_parameters_use_the_bounded_json_object_regex():
+    plan = plan_tools([NOTE], {"type": "function", "function": {"name": "note-it"}}, True)
+    assert constraint(plan, compiler=_Compiler()) == JSON_OBJECT_REGEX
+
+
+def test_an_object_schema_with_other_keywords_goes_to_the_engine():
+    schema = {"type": "object", "anyOf": [{"required": ["a"]}]}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    seen = []
+
+    class Recording:
+        def validate(self, kind, pattern):
+            seen.append(pattern)
+            return r"\{\}"
+
+    plan = plan_tools([tool], {"type": "function", "function": {"name": "f"}}, True)
+    assert constraint(plan, Recording()) == r"\{\}" and seen == [schema]
+
+
+TEXTS = {
+    "auto": (
+        auto(),
+        'Sure: <tool_call>{"name": "add", "arguments": {"a": 10, "b": -2}}</tool_call> '
+        'and <tool_call>{"name": "note-it", "arguments": {"t": "x}"}}</tool_call> done',
+    ),
+    "required": (
+        plan_tools([ADD, NOTE], "required", True),
+        '[{"name": "add", "arguments": {"a": 1, "b": 22}}, {"name": "note-it", "arguments": '
+        '{"s": "a]}\\"b"}}]',
+    ),
+    "named": (
+        plan_tools([ADD], {"type": "function", "function": {"name": "add"}}, True),
+        '{"a": 3, "b": 4}',
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TEXTS))
+@given(cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=12))
+def test_deltas_at_any_split_concatenate_to_the_final_message(kind, cuts):
+    plan, text = TEXTS[kind]
+    deltas, content, calls = ToolDeltas(), "", {}
+    for cut in [*sorted({min(c, len(text)) for c in cuts}), len(text)]:
+        final = cut == len(text)
+        delta = deltas.delta(scan(plan, text[:cut], final), final)
+        content += delta.get("content", "")
+        for d in delta.get("tool_calls", []):
+            entry = calls.setdefault(d["index"], ["", ""])
+            entry[0] += d["function"].get("name", "")
+            entry[1] += d["function"]["arguments"]
+    final_message = message(scan(plan, text, True))
+    assert content == (final_message["content"] or "")
+    assert [tuple(v) for v in calls.values()] == [
+        (c["function"]["name"], c["function"]["arguments"]) for c in final_message["tool_calls"]
+    ]
+
+
+def test_bad_plans_name_the_field():
+    with pytest.raises(ApiError) as err:
+        plan_tools([ADD], {"type": "function", "function": {"name": "sub"}}, True)
+    assert err.value.param == "tool_choice"
+    bad = {"type": "function", "function": {"name": "x", "parameters": {"type": 7}}}
+    with pytest.raises(ApiError) as err:
+        plan_tools([bad], "auto", True)
+    assert err.value.param == "tools[0].function.parameters"
+
+
+class _NoToolsTemplate:
+    chat_template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        return "".join(f"[{m['role']}] {m['content']}\n" for m in messages)
+
+
+def test_default_prompt_puts_tools_in_the_system_message_and_calls_as_text():
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "1+2?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}],
+        },
+        {"role": "tool", "content": "3"},
+    ]
+    text = chat_prompt(_NoToolsTemplate(), messages, auto())
+    assert text.startswith("[system] Be brief.\n\n" + DEFAULT_TOOL_PROMPT.split("{tools}")[0])
+    assert json.dumps(ADD) in text
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>' in text
+    assert "[user] <tool_response>\n3\n</tool_response>" in text
+    none = chat_prompt(_NoToolsTemplate(), messages[:2], plan_tools([ADD], "none", True))
+    assert "<tools>" not in none
