@@ -38,7 +38,9 @@ class SglLite:
         from sgl_lite.backend.engine import Engine
 
         self.num_threads = num_threads
-        self.engine = engine or Engine(num_threads=num_threads, max_total_tokens=MAX_TOTAL_TOKENS)
+        self.engine = engine or Engine(
+            num_threads=num_threads, max_total_tokens=MAX_TOTAL_TOKENS, quantization="auto"
+        )
         self.tokenizer = self.engine.tokenizer
         self.eos = eos_ids(self.tokenizer, self.engine.runner.hf_config)
         self._no_jf: Any = None
@@ -49,7 +51,10 @@ class SglLite:
             from sgl_lite.backend.engine import Engine
 
             self._no_jf = Engine(
-                num_threads=self.num_threads, max_total_tokens=4096, disable_jump_forward=True
+                num_threads=self.num_threads,
+                max_total_tokens=4096,
+                disable_jump_forward=True,
+                quantization="auto",
             )
         return self._no_jf
 

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantization",
         default=None,
         choices=["auto", "none", "int8", "int4"],
-        help="int kernels for small batches (auto: the GGUF's own 4/8-bit weights)",
+        help="int kernels for small batches (default none; auto: the GGUF's own 4-bit codes)",
     )
     p.add_argument("--random-seed", type=int, default=None)
     p.add_argument(

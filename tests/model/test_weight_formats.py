@@ -200,7 +200,7 @@ def test_embedded_model_in_auto_matches_float32_top1_and_perplexity(
     smollm_folder, smollm_tokenizer
 ):
     reference = _runner(smollm_folder, dtype="float32", quantization="none")
-    auto = _runner(smollm_folder)  # dtype and quantization auto
+    auto = _runner(smollm_folder, quantization="auto")  # dtype auto by default
     caps = cpu_caps()
     assert auto.format.int_kind == "int4", auto.format.describe()  # the file's own Q4_1
     assert auto.format.dense_dtype == (torch.bfloat16 if caps.fast_bf16 else torch.float32)
