@@ -53,9 +53,13 @@ bench: setup
 	$(PIP) install -q -e ".[bench]"
 	$(PY) -m bench.run --num-threads $(THREADS)
 
+# llama-cpp-python from source with explicit instruction sets and AMX off (the GGML_NATIVE=ON
+# build segfaults in decode on AMX CPUs); pip caches wheels regardless of CMAKE_ARGS, hence
+# --no-cache-dir --no-binary. The build is then checked to decode before any benchmark uses it.
 bench-peers: setup
-	CMAKE_ARGS="-DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF -DGGML_VULKAN=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF" \
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) install llama-cpp-python
+	CMAKE_ARGS="$$($(PY) -m bench.llama_cpp_build)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	$(PIP) install --no-cache-dir --no-binary llama-cpp-python llama-cpp-python
+	$(PY) -m bench.llama_cpp_build --check
 	$(PIP) install -q outlines
 
 clean:

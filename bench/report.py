@@ -25,7 +25,14 @@ WORKLOAD_SYSTEMS = {
     "W1": ("sgl_lite", "hf_alone", "hf_manual_cache", "llama_cpp"),
     "W2": ("sgl_lite", "hf_alone", "hf_manual_cache", "llama_cpp"),
     "W3": ("sgl_lite", "hf_alone", "outlines", "llama_cpp"),
-    "W4": ("sgl_lite", "hf_alone", "llama_cpp"),
+    "W4": (
+        "sgl_lite",
+        "sgl_lite_float32",
+        "sgl_lite_bfloat16",
+        "sgl_lite_int8",
+        "hf_alone",
+        "llama_cpp",
+    ),
     "W5": ("W1", "W2", "W3"),
 }
 MAIN_FIGURE = {"W1": "wall_s", "W2": "wall_s", "W3": "wall_s", "W4": "batch1_tokens_per_s"}
@@ -168,6 +175,26 @@ def evaluate_targets(r: dict) -> list[Target]:
             _why(r, "W4", "sgl_lite", "hf_alone"),
         )
     )
+    v = _ratio(r, "W4", "sgl_lite", "llama_cpp", "batch1_tokens_per_s")
+    out.append(
+        _mark(
+            "W4 batch-1 tok/s, sgl_lite (auto) / llama-cpp-python",
+            ">= 1.0",
+            v,
+            v and v >= 1.0,
+            _why(r, "W4", "sgl_lite", "llama_cpp"),
+        )
+    )
+    v = _ratio(r, "W4", "sgl_lite", "sgl_lite_float32", "batch1_tokens_per_s")
+    out.append(
+        _mark(
+            "W4 batch-1 tok/s, sgl_lite auto / sgl_lite float32",
+            ">= 3x",
+            v,
+            v and v >= 3,
+            _why(r, "W4", "sgl_lite", "sgl_lite_float32"),
+        )
+    )
     b1 = _get(r, "workloads", "W4", "systems", "sgl_lite", "batch1_tokens_per_s")
     bn = _get(r, "workloads", "W4", "systems", "sgl_lite", "batch_tokens_per_s")
     vs_hf = _ratio(r, "W4", "sgl_lite", "hf_alone", "batch_tokens_per_s")
@@ -247,6 +274,8 @@ def print_report(results: dict) -> None:
     print("\n# sgl_lite benchmark")
     for key in REQUIRED_ENV:
         print(f"- {key}: {env[key]}")
+    if "weights" in env:
+        print(f"- sgl_lite weights (auto): {env['weights']}")
     print(f"- workload sizes: {results.get('sizes')}")
     for w, block in results["workloads"].items():
         cols = WORKLOAD_COLUMNS[w]
@@ -263,6 +292,8 @@ def print_report(results: dict) -> None:
         header = ["system"] + cols + ([ratio_name] if ratio_name else [""])
         print_table(f"{w}: {block['title']}", header, rows)
         for name, figs in block["systems"].items():
+            if w == "W4" and "weights" in figs:
+                notes.append(f"{name} weights: {figs['weights']}")
             for d in figs.get("disagreements") or []:
                 notes.append(
                     f"{name} differs from hf_alone: conversation {d['conversation']} "

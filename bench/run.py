@@ -31,6 +31,8 @@ TITLES = {
     "W4": "raw decode (tokens/s)",
     "W5": "DSL programs vs engine API",
 }
+# W4 also runs the engine in each explicit weight mode (the `sgl_lite` row is `auto`).
+SGL_MODES = ("float32", "bfloat16", "int8")
 PACKAGES = (
     "torch",
     "transformers",
@@ -78,7 +80,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
             versions[pkg] = "not installed"
     return {
         "torch_threads": torch.get_num_threads(),
-        "dtype": "float32",
+        "dtype": "auto (see weights)",
         "device": "cpu",
         "cpu_model": cpu,
         "cpu_count": os.cpu_count(),
@@ -255,22 +257,30 @@ def build_systems(args: argparse.Namespace, workloads: list[str]) -> dict[str, A
         "hf_alone": HFAlone(model, sgl.tokenizer),
         "hf_manual_cache": HFManualCache(model, sgl.tokenizer),
     }
-    from bench import peers as peer_mod
+    from bench.isolated import IsolatedPeer
 
-    peers = {
-        "llama_cpp": lambda: peer_mod.LlamaCpp(args.num_threads, sgl.tokenizer),
-        "outlines": lambda: peer_mod.Outlines(model, sgl.tokenizer),
+    # Each peer runs in its own process: a peer that crashes costs its rows, not the run.
+    workload_options = {
+        "quick": args.quick,
+        "conversations": args.conversations,
+        "questions": args.questions,
+        "json_items": args.json_items,
     }
-    for name, make in peers.items():
+    for name in ("llama_cpp", "outlines"):
         if args.no_peers:
             systems[name] = "--no-peers"
             continue
         try:
-            systems[name] = make()
+            systems[name] = IsolatedPeer(name, args.num_threads, workload_options)
         except Skipped as exc:
             systems[name] = str(exc)
         except Exception as exc:
             systems[name] = f"{type(exc).__name__}: {exc}"
+    if "W4" in workloads:
+        from bench.sgl_engine import SglLiteMode
+
+        for mode in SGL_MODES:
+            systems[f"sgl_lite_{mode}"] = SglLiteMode(args.num_threads, mode)
     if "W5" in workloads:
         try:
             from bench.dsl import DslRunner
@@ -306,7 +316,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         "torch threads",
         torch.get_num_threads(),
-        "| dtype float32 | device cpu |",
+        "| dtype/quantization auto (W4 also float32, bfloat16, int8) | device cpu |",
         results["env"]["cpu_model"],
         "|",
         results["env"]["versions"],
@@ -314,6 +324,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     start = time.perf_counter()
     systems = build_systems(args, chosen)
+    results["env"]["weights"] = systems["sgl_lite"].engine.runner.format.describe()
+    results["env"]["device"] = systems["sgl_lite"].engine.config.device
     try:
         for w in chosen:
             results["workloads"][w] = run_workload(w, wl, systems, results, args)

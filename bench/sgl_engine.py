@@ -38,7 +38,9 @@ class SglLite:
         from sgl_lite.backend.engine import Engine
 
         self.num_threads = num_threads
-        self.engine = engine or Engine(num_threads=num_threads, max_total_tokens=MAX_TOTAL_TOKENS)
+        self.engine = engine or Engine(
+            num_threads=num_threads, max_total_tokens=MAX_TOTAL_TOKENS, quantization="auto"
+        )
         self.tokenizer = self.engine.tokenizer
         self.eos = eos_ids(self.tokenizer, self.engine.runner.hf_config)
         self._no_jf: Any = None
@@ -49,7 +51,10 @@ class SglLite:
             from sgl_lite.backend.engine import Engine
 
             self._no_jf = Engine(
-                num_threads=self.num_threads, max_total_tokens=4096, disable_jump_forward=True
+                num_threads=self.num_threads,
+                max_total_tokens=4096,
+                disable_jump_forward=True,
+                quantization="auto",
             )
         return self._no_jf
 
@@ -216,7 +221,43 @@ class SglLite:
             "batch_size": len(many),
             "batch1_wall_s": wall1,
             "batch_wall_s": walln,
+            "weights": self.engine.runner.format.describe(),
         }
+
+
+# Engine keywords of each explicit weight mode W4 reports besides `auto`.
+MODES = {
+    "float32": {"dtype": "float32", "quantization": "none"},
+    "bfloat16": {"dtype": "bfloat16", "quantization": "none"},
+    "int8": {"dtype": "auto", "quantization": "int8"},
+}
+
+
+class SglLiteMode:
+    """The engine in one explicit weight mode, for W4 only; its engine lives for one call."""
+
+    def __init__(self, num_threads: int, mode: str) -> None:
+        self.num_threads, self.mode = num_threads, mode
+        self.name = f"sgl_lite_{mode}"
+
+    def w4(self, wl: Workloads) -> dict[str, Any]:
+        from sgl_lite.backend.engine import Engine
+
+        try:
+            engine = Engine(
+                num_threads=self.num_threads,
+                max_total_tokens=4096,
+                log_level="warning",
+                **MODES[self.mode],
+            )
+        except ValueError as exc:  # a mode this machine cannot run
+            raise Skipped(f"{self.mode}: {exc}") from exc
+        try:
+            system = SglLite(self.num_threads, engine)
+            system.warmup()
+            return system.w4(wl)
+        finally:
+            engine.shutdown()
 
 
 def _timed_generate(engine: Any, ids: Any, params: Any) -> tuple[float, Any]:

@@ -93,7 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grammar-compile-timeout", type=float, default=None)
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="dense weight dtype (auto: bf16 where the CPU has a bf16 GEMM or on CUDA, else f32)",
+    )
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=["auto", "none", "int8", "int4"],
+        help="int kernels for small batches (default none; auto: the GGUF's own 4-bit codes)",
+    )
     p.add_argument("--random-seed", type=int, default=None)
     p.add_argument(
         "--max-body-bytes",
@@ -213,6 +224,7 @@ _ENGINE_FLAGS = (
     "num_threads",
     "device",
     "dtype",
+    "quantization",
     "random_seed",
     "max_queued_requests",
     "request_timeout",

@@ -14,6 +14,9 @@ from typing import Any
 import torch
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# `auto` is resolved by the model runner against the checkpoint and the CPU (backend/weights/).
+DTYPE_CHOICES = ("auto", *DTYPES)
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 GRAMMAR_BACKENDS = ("outlines", "llguidance", "auto")  # see constrained/compiler.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -31,7 +34,12 @@ class EngineConfig:
     model_path: str | None = None
     served_model_name: str | None = None
     device: str = field(default_factory=default_device)
-    dtype: str = "float32"
+    dtype: str = "auto"
+    # NOTE: "none" by default, as in SGLang. `auto` (the GGUF's own int4 codes on the int
+    # kernels for small passes) is faster but computes small and large passes with different
+    # rounding (bf16 activations in the kernels), so greedy output with the cache on and off can
+    # part at near-ties; it is opt-in until that is closed (see backend/weights/formats.py).
+    quantization: str = "none"
     # NOTE: torch's intra-op thread count is process-wide; the engine sets it only when this is
     # given (here or by SGL_LITE_NUM_THREADS through from_kwargs), and leaves it alone otherwise.
     num_threads: int | None = None
@@ -58,8 +66,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not self.device:
             raise ValueError("device must be a torch device name such as 'cpu' or 'cuda'")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
+            )
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(
                 f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
@@ -91,9 +103,9 @@ class EngineConfig:
             raise ValueError("grammar_compile_timeout must be > 0 seconds")
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        """The torch dtype of weights and KV."""
-        return DTYPES[self.dtype]
+    def torch_dtype(self) -> torch.dtype | None:
+        """The torch dtype asked for; None for `auto` (the model runner resolves it)."""
+        return DTYPES.get(self.dtype)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

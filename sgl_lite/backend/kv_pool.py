@@ -32,6 +32,7 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        scratch_slots: int = 0,
     ) -> None:
         for name, value in (
             ("num_layers", num_layers),
@@ -45,9 +46,15 @@ class KVPool:
         self.num_slots = num_slots
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        # Scratch slots sit past num_slots, outside the free list and the slot accounting:
+        # padded rows of a CUDA-graph decode write their throw-away K/V there.
+        self.scratch_slot = num_slots if scratch_slots > 0 else None
+        shape = (num_layers, num_slots + scratch_slots, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, N, Hkv, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, N, Hkv, D)
+        # Per-layer views, made once: `k[layer]` is a tensor op each time it is evaluated.
+        self.k_layers = list(self.k.unbind(0))  # L x (N, Hkv, D)
+        self.v_layers = list(self.v.unbind(0))
         # NOTE: `_free` is a stack (alloc pops from the end); `_is_free[s]` mirrors membership
         # so that a double free or a stray id is caught in O(n) of the freed ids, without a scan.
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
@@ -115,9 +122,13 @@ class KVPool:
                 f"KVPool.write: expected slots (T,) and k, v {expected}, "
                 f"got slots {tuple(slots.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
             )
-        idx = slots.to(device=self.k.device, dtype=torch.int64)
-        self.k[layer].index_copy_(0, idx, k.to(self.k.dtype))  # (N, Hkv, D)[idx] = (T, Hkv, D)
-        self.v[layer].index_copy_(0, idx, v.to(self.v.dtype))
+        # Casts only where needed: the model calls this once per layer per step.
+        if slots.device != self.k.device or slots.dtype != torch.int64:
+            slots = slots.to(device=self.k.device, dtype=torch.int64)
+        if k.dtype != self.k.dtype:
+            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        self.k_layers[layer].index_copy_(0, slots, k)  # (N, Hkv, D)[slots] = (T, Hkv, D)
+        self.v_layers[layer].index_copy_(0, slots, v)
 
     def free_slot_ids(self) -> torch.Tensor:
         """A copy of the free list as an int64 CPU tensor (for integrity checks)."""

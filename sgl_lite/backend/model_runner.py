@@ -9,6 +9,7 @@ nothing about requests, sampling or the radix tree.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -16,8 +17,10 @@ from typing import NamedTuple
 import torch
 
 from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.decode_graphs import DecodeGraphs
+from sgl_lite.backend.decode_kv import DecodeKV, KVView
 from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_loader import load_config, load_state_dict
+from sgl_lite.backend.model_loader import gguf_source, load_config, load_state_dict
 from sgl_lite.backend.models.llama import (
     AttentionGroup,
     AttentionMetadata,
@@ -25,8 +28,12 @@ from sgl_lite.backend.models.llama import (
     RotaryEmbedding,
     head_dim_of,
 )
+from sgl_lite.backend.weights.cpu import cpu_caps, time_packed
+from sgl_lite.backend.weights.formats import WeightFormat, resolve_format
+from sgl_lite.backend.weights.gguf_tensors import read_quantized
+from sgl_lite.backend.weights.packing import pack_model, shape_problem
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("sgl_lite")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +67,8 @@ class ModelRunner:
     """Weights, KV pool and the batched forward pass."""
 
     def __init__(self, model_folder: Path, config: EngineConfig) -> None:
-        self.device = torch.device(config.device)
+        started = time.perf_counter()
+        self.device = _checked_device(config.device)
         self.hf_config = load_config(model_folder)
         model_max = getattr(self.hf_config, "max_position_embeddings", 2048)
         # We attend over the whole sequence; a sliding-window model (Mistral) is exact only
@@ -75,7 +83,8 @@ class ModelRunner:
             self.hf_config, head_dim_of(self.hf_config), self.context_length
         )
         model.load_hf_state_dict(load_state_dict(model_folder))
-        self.model = model.to(device=self.device, dtype=config.torch_dtype).eval()
+        self.format, pack_note = self._pack(model, model_folder, config)
+        self.model = model.to(device=self.device, dtype=self.format.dense_dtype).eval()
         self.model.rope.to(torch.float32)  # position tables stay exact whatever the weight dtype
         self.vocab_size = self.hf_config.vocab_size
         self.pool = KVPool(
@@ -83,17 +92,78 @@ class ModelRunner:
             num_slots=config.max_total_tokens,
             num_kv_heads=self.hf_config.num_key_value_heads,
             head_dim=head_dim_of(self.hf_config),
-            dtype=config.torch_dtype,
+            dtype=self.format.dense_dtype,
             device=self.device,
+            scratch_slots=1,  # for the padded rows of graph-captured decode steps
         )
+        self.graphs = DecodeGraphs(self) if DecodeGraphs.wanted(self) else None
+        self.decode_kv = DecodeKV(self.pool) if self.graphs is None else None
+        logger.info(
+            "sgl_lite weights: %s%s; load %.1fs",
+            self.format.describe(),
+            pack_note,
+            time.perf_counter() - started,
+        )
+
+    def _pack(
+        self, model: LlamaForCausalLM, folder: Path, config: EngineConfig
+    ) -> tuple[WeightFormat, str]:
+        """Resolves dtype/quantization for this file and CPU and packs the linears to match."""
+        caps = cpu_caps() if self.device.type == "cpu" else None
+        quantized = {}
+        source = gguf_source(folder) if config.quantization in ("auto", "int4") else None
+        if source is not None and self.device.type == "cpu":
+            quantized = read_quantized(source, self.hf_config)
+        layer_bits = {w.bits for n, w in quantized.items() if n.startswith("model.layers.")}
+        file_kind = {4: "int4", 8: "int8"}.get(layer_bits.pop()) if len(layer_bits) == 1 else None
+        kind = config.quantization if config.quantization in ("int4", "int8") else file_kind
+        problem = shape_problem(model, kind) if kind and self.device.type == "cpu" else None
+        if problem and config.quantization == "auto":
+            file_kind, note = None, f"; int kernels skipped: {problem}"
+        elif problem:
+            raise ValueError(problem)
+        else:
+            note = ""
+        fmt = resolve_format(
+            dtype=config.dtype,
+            quantization=config.quantization,
+            device=self.device.type,
+            caps=caps,
+            file_kind=file_kind,
+        )
+        if fmt.int_kind is None:
+            return fmt, note
+        try:
+            packed = pack_model(model, fmt.int_kind, quantized)
+            timing = time_packed(fmt.int_kind, packed.probe_pairs(), fmt.dense_dtype)
+        except RuntimeError as exc:  # the kernel is missing or fails on this build/CPU
+            if config.quantization != "auto":
+                msg = f"quantization={config.quantization} cannot run here: {exc}"
+                raise ValueError(msg) from exc
+            return fmt.dense_only(f"{fmt.int_kind} kernel failed: {exc}"), note
+        if config.quantization == "auto" and not timing.wins:
+            return fmt.dense_only(f"{timing.describe()}: dense is faster here"), note
+        packed.install(model, torch.float32)  # cast with the rest of the model below
+        note += f"; {timing.describe()}; {packed.report.describe()}"
+        return fmt, note
 
     def forward(self, segments: list[Segment]) -> ForwardOutput:
         """Runs one pass over all segments; returns the requested logits rows of all of them."""
+        graphs = getattr(self, "graphs", None)  # absent on runners built around a bare model
+        if graphs is not None:
+            replayed = graphs.run(segments)
+            if replayed is not None:
+                return replayed
         input_ids = torch.tensor(
             [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device
         )
-        meta = self._metadata(segments)
-        hidden = self.model(input_ids, meta, self.pool)  # (T, hidden)
+        meta = self._metadata(segments, self._use_int(len(input_ids)))
+        try:
+            hidden = self.model(input_ids, meta, self.pool)  # (T, hidden)
+        except BaseException:
+            if getattr(self, "decode_kv", None) is not None:
+                self.decode_kv.reset()  # its copies may be half-updated
+            raise
         rows: list[int] = []
         ranges: list[tuple[int, int]] = []
         offset = 0
@@ -104,12 +174,17 @@ class ModelRunner:
             offset += len(seg.token_ids)
         if rows:
             picked = hidden.index_select(0, torch.tensor(rows, device=hidden.device))
-            logits = self.model.compute_logits(picked)  # (R, vocab)
+            logits = self.model.compute_logits(picked, self._use_int(len(rows)))  # (R, vocab)
         else:
             logits = None
         return ForwardOutput(logits, ranges)
 
-    def _metadata(self, segments: list[Segment]) -> AttentionMetadata:
+    def _use_int(self, tokens: int) -> bool:
+        """Whether a pass over `tokens` rows runs the packed int kernels (see WeightFormat)."""
+        fmt = getattr(self, "format", None)  # absent on runners built around a bare model
+        return fmt is not None and fmt.int_kind is not None and tokens <= fmt.int_max_tokens
+
+    def _metadata(self, segments: list[Segment], use_int: bool = False) -> AttentionMetadata:
         dev = self.device
         offsets = [0]
         for seg in segments:
@@ -118,8 +193,12 @@ class ModelRunner:
         cos, sin = self.model.rope.tables(positions, self.model.embed_tokens.weight.dtype)
         decodes = [i for i, s in enumerate(segments) if len(s.token_ids) == 1]
         extends = [i for i, s in enumerate(segments) if len(s.token_ids) > 1]
+        decode_kv = getattr(self, "decode_kv", None)  # absent on runners built around a model
+        kv_view = decode_kv.plan(segments) if decode_kv is not None else None
         groups = tuple(
-            self._group([segments[i] for i in members], [offsets[i] for i in members])
+            self._group(
+                [segments[i] for i in members], [offsets[i] for i in members], offsets[-1], kv_view
+            )
             for members in (extends, decodes)
             if members
         )
@@ -129,9 +208,12 @@ class ModelRunner:
             sin=sin,
             out_slots=torch.cat([s.kv_slots[s.start :] for s in segments]).to(dev),
             groups=groups,
+            use_int=use_int,
         )
 
-    def _group(self, segments: list[Segment], offsets: list[int]) -> AttentionGroup:
+    def _group(
+        self, segments: list[Segment], offsets: list[int], total: int, kv_view: KVView | None
+    ) -> AttentionGroup:
         q_lens = torch.tensor([len(s.token_ids) for s in segments])
         batch, max_q = len(segments), int(q_lens.max())
         max_k = max(s.end for s in segments)
@@ -147,11 +229,32 @@ class ModelRunner:
         # Padding query rows attend to key 0 only, so softmax never sees an all-masked row.
         mask &= q_valid[:, :, None]
         mask[:, :, 0] |= ~q_valid
+        # The G query heads of one KV head attend as G*Q query rows (see Attention._attend).
+        config = self.model.config
+        per_kv = config.num_attention_heads // config.num_key_value_heads
+        mask = mask[:, None, None].expand(batch, 1, per_kv, max_q, max_k)
+        mask = None if bool(mask.all()) else mask.reshape(batch, 1, per_kv * max_q, max_k)
         dev = self.device
         return AttentionGroup(
             q_index=torch.where(q_valid, q_rows, 0).to(dev),
             q_flat=q_valid.flatten().nonzero().squeeze(1).to(dev),
             rows=q_rows[q_valid].to(dev),
             kv_slots=kv_slots.to(dev),
-            mask=mask[:, None].to(dev),
+            kv_flat=kv_slots.flatten().to(dev),
+            mask=None if mask is None else mask.to(dev),
+            rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
+            kv_view=kv_view,
         )
+
+
+def _checked_device(device: str) -> torch.device:
+    """The torch device, or a clear error when the machine does not have it."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r} but CUDA is not available (torch {torch.__version__}, "
+            f"cuda build: {torch.version.cuda}); available: cpu"
+        )
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+    return dev

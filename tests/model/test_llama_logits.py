@@ -119,7 +119,8 @@ def test_smollm_top1_tokens_match_transformers_on_64_token_prompt(
 ):
     from sgl_lite.backend.config import EngineConfig
 
-    runner = ModelRunner(smollm_folder, EngineConfig(max_total_tokens=256, device="cpu"))
+    config = EngineConfig(max_total_tokens=256, device="cpu", dtype="float32", quantization="none")
+    runner = ModelRunner(smollm_folder, config)
     text = "The quick brown fox jumps over the lazy dog. " * 8
     ids = smollm_tokenizer.encode(text)[:64]
     assert len(ids) == 64

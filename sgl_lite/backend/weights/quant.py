@@ -1,0 +1,168 @@
+"""Packed weight-only int4/int8 matrices on torch's CPU kernels, and group-affine weights.
+
+`GroupAffine` is a quantized matrix as GGUF stores it: integer codes q (N, K) and, per row and
+group of 32 columns, w = scale * q + offset (Q4_1: offset = min; Q4_0: offset = -8 * scale). It
+maps exactly onto torch's `_weight_int4pack_mm_for_cpu`, whose dequantisation is
+(q - 8) * scale + zero per group, with zero = offset + 8 * scale; only the rounding of scale and
+zero to bf16 (the kernel's storage) differs from the file. The int8 kernel has one scale per
+output row, so a finer-grained int8 source (Q8_0) is requantised per row (measured, not exact).
+
+Both kernels are vectorised only for bf16 activations and return bf16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GROUP = 32  # the int4 kernel's group size; the same as GGUF's Q4_x / Q8_0 blocks
+INT_KINDS = ("int4", "int8")
+
+
+@dataclass(frozen=True)
+class GroupAffine:
+    """Codes q (N, K) with w = scale * q + offset per row and group of GROUP columns."""
+
+    q: torch.Tensor  # (N, K) integer codes (uint8 for 4-bit, int8 for 8-bit)
+    scale: torch.Tensor  # (N, K // GROUP) float32
+    offset: torch.Tensor  # (N, K // GROUP) float32
+    bits: int
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 matrix (N, K) the codes stand for."""
+        n, k = self.q.shape
+        groups = self.q.view(n, k // GROUP, GROUP).float()
+        return (groups * self.scale[..., None] + self.offset[..., None]).view(n, k)
+
+    def permute_rows(self, order: torch.Tensor) -> GroupAffine:
+        """The same matrix with its rows reordered (groups run along rows, so this is exact)."""
+        return GroupAffine(
+            self.q.index_select(0, order),
+            self.scale.index_select(0, order),
+            self.offset.index_select(0, order),
+            self.bits,
+        )
+
+    @staticmethod
+    def cat(parts: list[GroupAffine]) -> GroupAffine:
+        """Rows of several matrices stacked (fused q/k/v or gate/up)."""
+        if len({p.bits for p in parts}) != 1:
+            raise ValueError("cannot fuse matrices quantized with different bit widths")
+        return GroupAffine(
+            torch.cat([p.q for p in parts]),
+            torch.cat([p.scale for p in parts]),
+            torch.cat([p.offset for p in parts]),
+            parts[0].bits,
+        )
+
+
+def check_shape(kind: str, out_features: int, in_features: int, name: str = "weight") -> None:
+    """Raises ValueError unless torch's `kind` kernel can take a (N, K) weight.
+
+    The int4 packer needs N % 16 == 0 and K % 32 == 0 (group size); the int8 kernel reads out of
+    bounds (a segfault, seen with K = 31) unless K is a multiple of its vector width, so the same
+    K % 32 rule is enforced for it.
+    """
+    problems = []
+    if in_features % GROUP:
+        problems.append(f"in_features={in_features} is not a multiple of {GROUP}")
+    if kind == "int4" and out_features % 16:
+        problems.append(f"out_features={out_features} is not a multiple of 16")
+    if problems:
+        raise ValueError(f"quantization={kind} cannot pack {name}: {'; '.join(problems)}")
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """A matrix packed for `_weight_int4pack_mm_for_cpu` at group size 32."""
+
+    packed: torch.Tensor
+    scale_zeros: torch.Tensor  # (K // GROUP, N, 2) bf16: per group scale and zero
+    shape: tuple[int, int]
+
+    @classmethod
+    def from_affine(cls, w: GroupAffine) -> Int4Weight:
+        """Packs 4-bit codes (0..15) exactly; only scale and zero are rounded to bf16."""
+        if w.bits != 4:
+            raise ValueError(f"int4 packing needs 4-bit codes, got {w.bits}-bit")
+        n, k = w.q.shape
+        check_shape("int4", n, k)
+        zero = w.offset + 8 * w.scale
+        scale_zeros = torch.stack([w.scale, zero], dim=-1).transpose(0, 1).contiguous()
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.q.to(torch.int32), 1)
+        return cls(packed, scale_zeros.to(torch.bfloat16), (n, k))
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> Int4Weight:
+        """Round-to-nearest per group of 32 between the group's min and max (asymmetric)."""
+        return cls.from_affine(affine_int4(weight))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, K) bf16 → (T, N) bf16."""
+        return torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scale_zeros)
+
+    @staticmethod
+    def kernel_matrix(w: GroupAffine) -> torch.Tensor:
+        """The float32 matrix the kernel multiplies by when packed from `w`: the file's codes
+        with scale and zero rounded to bf16 as the kernel stores them."""
+        n, k = w.q.shape
+        scale = w.scale.to(torch.bfloat16).float()
+        zero = (w.offset + 8 * w.scale).to(torch.bfloat16).float()
+        groups = (w.q.view(n, k // GROUP, GROUP).float() - 8) * scale[..., None]
+        return (groups + zero[..., None]).view(n, k)
+
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """A matrix for `_weight_int8pack_mm`: int8 codes with one bf16 scale per output row."""
+
+    q: torch.Tensor  # (N, K) int8
+    scales: torch.Tensor  # (N,) bf16
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> Int8Weight:
+        """Symmetric per-row round-to-nearest."""
+        n, k = weight.shape
+        check_shape("int8", n, k)
+        weight = weight.float()
+        scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12).to(torch.bfloat16)
+        q = (weight / scales.float()[:, None]).round().clamp(-127, 127).to(torch.int8)
+        return cls(q, scales)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, K) bf16 → (T, N) bf16."""
+        return torch._weight_int8pack_mm(x, self.q, self.scales)
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 matrix the kernel multiplies by."""
+        return self.q.float() * self.scales.float()[:, None]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out_features, in_features)."""
+        rows, cols = self.q.shape
+        return rows, cols
+
+
+PackedWeight = Int4Weight | Int8Weight
+
+
+def affine_int4(weight: torch.Tensor) -> GroupAffine:
+    """4-bit asymmetric codes per group of 32 spanning each group's [min, max]."""
+    n, k = weight.shape
+    check_shape("int4", n, k)
+    groups = weight.float().view(n, k // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-8)
+    q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
+    return GroupAffine(q.view(n, k), scale, low, bits=4)
+
+
+def quantize(weight: torch.Tensor, kind: str) -> PackedWeight:
+    """A float matrix (N, K) packed for the `kind` kernel."""
+    if kind == "int4":
+        return Int4Weight.from_float(weight)
+    if kind == "int8":
+        return Int8Weight.from_float(weight)
+    raise ValueError(f"quantization kind must be one of {', '.join(INT_KINDS)}, got {kind!r}")

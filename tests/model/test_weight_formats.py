@@ -1,0 +1,219 @@
+"""Weight formats: GGUF codes read exactly, packed kernels equal their dense matrices, every mode
+the engine can choose agrees with float32, and impossible requests are clear errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.kv_pool import KVPool
+from sgl_lite.backend.model_runner import ModelRunner, Segment
+from sgl_lite.backend.models.llama import LlamaForCausalLM, head_dim_of
+from sgl_lite.backend.weights import quant
+from sgl_lite.backend.weights.cpu import cpu_caps
+from sgl_lite.backend.weights.formats import resolve_format
+from sgl_lite.backend.weights.gguf_tensors import _decode_blocks, read_quantized
+from sgl_lite.backend.weights.packing import pack_model
+
+# A fixed natural text for perplexity (no repetition, so the figure means something).
+PPL_TEXT = (
+    "The lighthouse keeper climbed the narrow stairs every evening at dusk, carrying a can of "
+    "oil and a cloth for the lens. For thirty years he had watched ships pass the rocky point, "
+    "some heading north with timber, others returning south with coal and grain. In winter the "
+    "storms came quickly, and the waves broke over the lower windows of the tower. He kept a "
+    "logbook in which he recorded the weather, the ships he saw, and the hours the lamp burned. "
+    "When the government replaced the lamp with an automatic light, he was asked to leave. He "
+    "moved to a small house in the village, but each night he still walked to the harbour wall "
+    "to see the beam sweep across the water, and he wrote the time in his book as before. "
+    "Children from the school sometimes followed him, asking about shipwrecks and sea monsters, "
+    "and he told them about the night a fishing boat lost its engine near the reef."
+)
+
+
+def _runner(folder, **kwargs) -> ModelRunner:
+    return ModelRunner(folder, EngineConfig(max_total_tokens=1024, device="cpu", **kwargs))
+
+
+def _logits(runner: ModelRunner, ids: list[int], chunk: int) -> torch.Tensor:
+    """All-position logits, fed `chunk` tokens per pass (chunk <= 16 runs the int kernels)."""
+    slots = runner.pool.alloc(len(ids))
+    rows = []
+    for start in range(0, len(ids), chunk):
+        seg = Segment(
+            token_ids=ids[start : start + chunk],
+            start=start,
+            kv_slots=slots[: start + chunk],
+            logits_from=0,
+        )
+        rows.append(runner.forward([seg]).logits)
+    runner.pool.free(slots)
+    return torch.cat(rows)
+
+
+def _perplexity(logits: torch.Tensor, ids: list[int]) -> float:
+    logprobs = torch.log_softmax(logits[:-1], dim=-1)
+    nll = -logprobs.gather(1, torch.tensor(ids[1:])[:, None]).mean()
+    return math.exp(nll.item())
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_gguf_blocks_decode_as_the_gguf_package_dequantizes_them(kind):
+    from gguf import GGMLQuantizationType, quants
+
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(16, 128)).astype(np.float32)
+    raw = quants.quantize(weight, GGMLQuantizationType[kind])
+    ours = _decode_blocks(kind, raw, 16).dequantize()
+    theirs = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[kind]))
+    assert torch.equal(ours, theirs.float())
+
+
+def test_embedded_gguf_codes_are_exactly_the_converted_weights(smollm_folder, smollm_tokenizer):
+    from safetensors.torch import load_file
+
+    from sgl_lite.backend.model_loader import gguf_source, load_config
+
+    source = gguf_source(smollm_folder)
+    assert source is not None and source.suffix == ".gguf"
+    codes = read_quantized(source, load_config(smollm_folder))
+    state = load_file(next(smollm_folder.glob("*.safetensors")))
+    layer_linears = [n for n in codes if n.startswith("model.layers.")]
+    assert len(layer_linears) == 7 * 30 and {codes[n].bits for n in layer_linears} == {4}
+    # q/k rows come back un-permuted, every weight equal to transformers' own dequantisation
+    for name, weight in codes.items():
+        assert torch.equal(weight.dequantize(), state[name]), name
+
+
+def test_int4_kernel_multiplies_by_its_kernel_matrix_and_stays_near_the_file():
+    torch.manual_seed(0)
+    weight = torch.randn(64, 96) * 0.05
+    affine = quant.affine_int4(weight)
+    packed = quant.Int4Weight.from_affine(affine)
+    matrix = quant.Int4Weight.kernel_matrix(affine)
+    x = torch.randn(5, 96).bfloat16()
+    out = packed.matmul(x).float()
+    expected = x.float() @ matrix.t()
+    assert (out - expected).abs().max() <= 0.01 * expected.abs().max()  # bf16 output rounding
+    # only the bf16 rounding of scale and zero separates the kernel's matrix from the codes'
+    step = affine.scale.max().item()
+    assert (matrix - affine.dequantize()).abs().max() <= step * 8 / 128
+
+
+def test_int8_weight_is_per_row_round_to_nearest():
+    torch.manual_seed(0)
+    weight = torch.randn(32, 64)
+    packed = quant.Int8Weight.from_float(weight)
+    row_step = weight.abs().amax(1, keepdim=True) / 127
+    assert ((packed.dequantize() - weight).abs() <= row_step * 0.51).all()
+    x = torch.randn(3, 64).bfloat16()
+    expected = x.float() @ packed.dequantize().t()
+    assert (packed.matmul(x).float() - expected).abs().max() <= 0.01 * expected.abs().max()
+
+
+def test_shapes_the_kernels_cannot_take_are_named_errors():
+    with pytest.raises(ValueError, match="int4.*in_features=48"):
+        quant.check_shape("int4", 64, 48, "layer 0 down")
+    with pytest.raises(ValueError, match="out_features=100"):
+        quant.check_shape("int4", 100, 64)
+    with pytest.raises(ValueError, match="int8.*in_features=31"):
+        quant.check_shape("int8", 16, 31)  # the kernel would read out of bounds here
+
+
+def test_bad_dtype_and_quantization_values_name_the_field():
+    with pytest.raises(ValueError, match="quantization"):
+        EngineConfig(quantization="int3")
+    with pytest.raises(ValueError, match="dtype"):
+        EngineConfig(dtype="float64")
+    with pytest.raises(ValueError, match="CPU kernels only"):
+        resolve_format(
+            dtype="auto", quantization="int4", device="cuda", caps=None, file_kind="int4"
+        )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_cuda_requested_without_cuda_is_a_clear_error(smollm_folder):
+    with pytest.raises(ValueError, match="CUDA is not available.*available: cpu"):
+        ModelRunner(smollm_folder, EngineConfig(device="cuda", max_total_tokens=64))
+
+
+def test_auto_picks_dense_bf16_only_where_the_cpu_has_a_bf16_gemm():
+    caps = cpu_caps()
+    fmt = resolve_format(dtype="auto", quantization="none", device="cpu", caps=caps, file_kind=None)
+    assert fmt.dense_dtype == (torch.bfloat16 if caps.fast_bf16 else torch.float32)
+    assert fmt.int_kind is None
+    fmt = resolve_format(dtype="auto", quantization="auto", device="cpu", caps=caps, file_kind=None)
+    assert fmt.int_kind is None  # a float checkpoint is never quantized by `auto`
+
+
+class _TinyRunner:
+    """A random tiny Llama in float32 and packed `kind`, driven like the engine drives it."""
+
+    CONFIG = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
+
+    def __init__(self, kind: str | None) -> None:
+        torch.manual_seed(0)
+        hf = AutoModelForCausalLM.from_config(self.CONFIG).eval()
+        model = LlamaForCausalLM(self.CONFIG, 128)
+        model.load_hf_state_dict(hf.state_dict())
+        int_kind = None
+        if kind is not None:
+            pack_model(model, kind, {}).install(model, torch.float32)
+            int_kind = kind
+        runner = ModelRunner.__new__(ModelRunner)
+        runner.model, runner.device = model, torch.device("cpu")
+        runner.pool = KVPool(
+            num_layers=2, num_slots=256, num_kv_heads=2, head_dim=head_dim_of(self.CONFIG)
+        )
+        runner.format = resolve_format(
+            dtype="float32", quantization=kind or "none", device="cpu", caps=None, file_kind=None
+        )
+        assert runner.format.int_kind == int_kind
+        self.runner = runner
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_tiny_model_int_path_agrees_with_its_dense_path(kind):
+    """Decode-sized passes (int kernels) and a prefill (dense copy) see the same weights."""
+    tiny = _TinyRunner(kind)
+    ids = torch.randint(0, 256, (48,), generator=torch.Generator().manual_seed(3)).tolist()
+    dense = _logits(tiny.runner, ids, chunk=48)
+    small = _logits(tiny.runner, ids, chunk=1)
+    assert (dense - small).abs().max() <= 0.05 * dense.abs().max()
+    assert (dense.argmax(-1) == small.argmax(-1)).float().mean() >= 0.95
+
+
+def test_embedded_model_in_auto_matches_float32_top1_and_perplexity(
+    smollm_folder, smollm_tokenizer
+):
+    reference = _runner(smollm_folder, dtype="float32", quantization="none")
+    auto = _runner(smollm_folder, quantization="auto")  # dtype auto by default
+    caps = cpu_caps()
+    assert auto.format.int_kind == "int4", auto.format.describe()  # the file's own Q4_1
+    assert auto.format.dense_dtype == (torch.bfloat16 if caps.fast_bf16 else torch.float32)
+
+    prompt = smollm_tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)[:64]
+    ref = _logits(reference, prompt, chunk=64)
+    for chunk in (64, 1):  # prefill (dense copy) and decode (int kernels)
+        ours = _logits(auto, prompt, chunk)
+        agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
+        assert agree >= 62 / 64, f"chunk {chunk}: top-1 agreement {agree:.3f}"
+
+    text = smollm_tokenizer.encode(PPL_TEXT)
+    ppl_ref = _perplexity(_logits(reference, text, chunk=len(text)), text)
+    for chunk in (len(text), 16):  # one prefill; 16-token chunks through the int kernels
+        ppl = _perplexity(_logits(auto, text, chunk), text)
+        assert abs(ppl / ppl_ref - 1) <= 0.01, f"chunk {chunk}: ppl {ppl:.3f} vs {ppl_ref:.3f}"
