@@ -42,7 +42,7 @@ def check_output(kind: str, pattern: str | dict, text: str) -> str | None:
     """None when `text` satisfies the constraint, else a sentence saying how it does not."""
     if kind == "regex":
         try:
-            compiled = _compiled_regex(pattern)
+            compiled = _compiled_regex(str(pattern))
         except re.error:
             return None  # NOTE: a pattern Python cannot read was checked by the automaton alone
         if compiled.fullmatch(text) is None:

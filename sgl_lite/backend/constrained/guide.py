@@ -100,11 +100,12 @@ class Guide:
         the grammar and leaves an accepting state within the budget (jump-forward's check)."""
         if not 0 <= keep <= len(self._history):
             return False
-        s: int | None = self.state_at(keep)
+        s = self.state_at(keep)
         for token_id in new_ids:
-            s = self.grammar.next_state(s, token_id)
-            if s is None:
+            nxt = self.grammar.next_state(s, token_id)
+            if nxt is None:
                 return False
+            s = nxt
         if self.max_new_tokens is None:
             return True
         return self.grammar.fits(s, self.max_new_tokens - keep - len(new_ids))

@@ -46,7 +46,7 @@ def to_llguidance(kind: str, pattern: Any, *, whitespace: str | None = None) -> 
     if kind == "regex":
         return LLMatcher.grammar_from_regex(pattern)
     if kind == "json_schema":
-        options = dict(_JSON_OPTIONS)
+        options: Any = dict(_JSON_OPTIONS)  # llguidance types it as a TypedDict
         if whitespace is not None:
             options = {"whitespace_flexible": True, "whitespace_pattern": whitespace}
         schema = json.loads(pattern) if isinstance(pattern, str) else pattern

@@ -378,9 +378,11 @@ class SchemaRegex:
         parts = ["null", "(true|false)", number, f'"{STRING_CHAR}*"']
         if depth > 0:
             inner = self.any_value(depth - 1)
-            parts.append(self.open_arr + self._repeat(inner, 0, None) + self.close_arr)
+            # NOTE: zero copies always fit, so _repeat gives a pattern here, never None
+            items = self._repeat(inner, 0, None) or ""
+            parts.append(self.open_arr + items + self.close_arr)
             entry = f'"{STRING_CHAR}*"{self.colon}{inner}'
-            parts.append(self.open_obj + self._repeat(entry, 0, None) + self.close_obj)
+            parts.append(self.open_obj + (self._repeat(entry, 0, None) or "") + self.close_obj)
         return _alt(parts)
 
 

@@ -144,7 +144,7 @@ def generate_body(data: dict[str, Any]) -> dict[str, Any]:
     batch = body.get("text", body.get("input_ids"))
     is_batch = isinstance(batch, list) and bool(batch) and isinstance(batch[0], (str, list))
     if is_batch and isinstance(body.get("rid"), str):  # SGLang 0.5: a prefix for each prompt
-        body["rid"] = [f"{body['rid']}_{i}" for i in range(len(batch))]
+        body["rid"] = [f"{body['rid']}_{i}" for i in range(len(batch or ()))]
     for name in _PER_PROMPT:
         value = body.get(name)
         if isinstance(value, list):

@@ -90,7 +90,7 @@ def add_tokenizer_routes(app: FastAPI, bridge: EngineBridge, *, max_body_bytes: 
         tokenizer = engine.tokenizer
         tokens = req.tokens
         single = not tokens or not isinstance(tokens[0], list)
-        batch: list[list[int]] = [tokens] if single else tokens  # type: ignore[list-item]
+        batch: list[list[int]] = [tokens] if single else tokens
         vocab = len(tokenizer)
         for i, ids in enumerate(batch):
             bad = [t for t in ids if not 0 <= t < vocab]
