@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import torch
 
+from sgl_lite.common import common_prefix_len
+
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
@@ -94,14 +96,6 @@ class SplitResult(NamedTuple):
 
 def _as_token_list(ids: Sequence[int] | torch.Tensor) -> list[int]:
     return ids.tolist() if isinstance(ids, torch.Tensor) else [int(t) for t in ids]
-
-
-def _common_len(key: list[int], ids: list[int], start: int) -> int:
-    n = min(len(key), len(ids) - start)
-    i = 0
-    while i < n and key[i] == ids[start + i]:
-        i += 1
-    return i
 
 
 class RadixCache:
@@ -202,7 +196,7 @@ class RadixCache:
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            common = _common_len(child.key, tokens, pos)
+            common = common_prefix_len(child.key, tokens, pos)
             partial = common < len(child.key)
             if partial:
                 child = self._split(child, common)

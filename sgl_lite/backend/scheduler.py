@@ -24,6 +24,7 @@ from sgl_lite.backend.model_runner import Segment
 from sgl_lite.backend.output_processor import OutputProcessor
 from sgl_lite.backend.request import Req, ReqStatus
 from sgl_lite.backend.sampler import Sample
+from sgl_lite.common import common_prefix_len
 
 LPM_QUEUE_LIMIT = 128  # past this many waiting requests, matching them all costs more than it saves
 IN_BATCH_SHARED_MIN = 32  # defer a request that would recompute this many tokens another computes
@@ -190,16 +191,11 @@ class Scheduler:
 
     @staticmethod
     def _shares_uncached_prefix(req: Req, admitted: list[Req]) -> bool:
-        ids = req.fill_ids
-        for other in admitted:
-            other_ids = other.fill_ids
-            n = req.kv_len
-            limit = min(len(ids), len(other_ids))
-            while n < limit and ids[n] == other_ids[n]:
-                n += 1
-            if n - req.kv_len >= IN_BATCH_SHARED_MIN:
-                return True
-        return False
+        uncached = req.fill_ids[req.kv_len :]
+        return any(
+            common_prefix_len(uncached, other.fill_ids, req.kv_len) >= IN_BATCH_SHARED_MIN
+            for other in admitted
+        )
 
     def _extend(self, req: Req, budget: int) -> Segment | None:
         """Allocates slots for the request's next chunk and describes it, or None if no room."""

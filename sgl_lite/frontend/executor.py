@@ -323,20 +323,13 @@ class Executor:
             self._fill(text, item.name, meta)
         else:
             streamed, text, meta = "", "", {}
-            stops = request.sampling_params.get("stop") or ()
-            stops = [stops] if isinstance(stops, str) else stops
+            # NOTE: no hold-back here: backends stream only final text (the engine's
+            # detokenizer releases nothing a stop string or stop_regex could still trim).
             for text, meta in self.backend.generate_stream(prompt, request):
-                # NOTE: text that may be the start of a multi-token stop string is held back
-                # until the next chunk: the final text drops a stop string, and what was
-                # streamed must stay a prefix of it.
-                ready = text[: _unheld_len(text, stops)]
-                if ready.startswith(streamed) and len(ready) > len(streamed):
-                    self._fill(ready[len(streamed) :], item.name, meta)
-                    streamed = ready
-            if text.startswith(streamed) and len(text) > len(streamed):  # what was held back
-                self._fill(text[len(streamed) :], item.name, meta)
-                streamed = text
-            if text != streamed:  # the final text trimmed what was streamed (a stop string)
+                if text.startswith(streamed) and len(text) > len(streamed):
+                    self._fill(text[len(streamed) :], item.name, meta)
+                    streamed = text
+            if text != streamed:  # a backend that streamed text it later trimmed (a stop)
                 self._t.text = self._t.text[: len(self._t.text) - len(streamed)] + text
         self._steps.append(("gen", item.name, meta))
         self._set(item.name, text, meta)
@@ -355,17 +348,6 @@ class Executor:
         self._fill(texts[0], item.name, meta)
         self._steps.append(("gen", item.name, meta))
         self._set(item.name, texts, meta)
-
-
-def _unheld_len(text: str, stops: Any) -> int:
-    """How much of `text` can be streamed: all but a tail that begins some stop string."""
-    keep = len(text)
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:k]):
-                keep = min(keep, len(text) - k)
-                break
-    return keep
 
 
 def _describe(item: ir.Expr) -> str:
