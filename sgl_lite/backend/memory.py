@@ -121,6 +121,18 @@ def pool_tokens_for(folder: Path, fraction: float, dtype: str, device: str) -> i
     )
 
 
+def dense_dtype_name(config: EngineConfig) -> str:
+    """The dense dtype the runner will load (`auto` resolved as `weights.formats` does)."""
+    if config.dtype != "auto":
+        return config.dtype
+    from sgl_lite.backend.weights.cpu import cpu_caps
+    from sgl_lite.backend.weights.formats import resolve_dense_dtype
+
+    caps = None if config.device.startswith("cuda") else cpu_caps()
+    chosen, _ = resolve_dense_dtype("auto", config.device, caps)
+    return next(name for name, dt in DTYPES.items() if dt == chosen)
+
+
 def resolve_mem_fraction(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Engine keyword arguments with `mem_fraction_static` turned into `max_total_tokens`.
 
@@ -133,7 +145,7 @@ def resolve_mem_fraction(kwargs: dict[str, Any]) -> dict[str, Any]:
     rest = {k: v for k, v in kwargs.items() if k not in ("mem_fraction_static", "max_total_tokens")}
     config = EngineConfig.from_kwargs(**rest)  # dtype and device as the engine will use them
     folder = resolve_model_path(config.model_path)
-    tokens = pool_tokens_for(folder, float(fraction), config.dtype, config.device)
+    tokens = pool_tokens_for(folder, float(fraction), dense_dtype_name(config), config.device)
     cap = kwargs.get("max_total_tokens")
     logger.info(
         "mem_fraction_static=%s: KV pool of %d tokens%s",
