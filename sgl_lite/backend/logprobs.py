@@ -71,7 +71,8 @@ class LogprobState:
         first, n = self.start_len, len(input_ids)
         start = segment.start + segment.logits_from
         count = 0 if rows is None else rows.shape[0]
-        wanted = [j for j in range(count) if max(first, 1) <= start + j + 1 < n]
+        # Position `first` itself gets no value (SGLang: the first entry's logprob is None).
+        wanted = [j for j in range(count) if first < start + j + 1 < n]
         positions = [start + j + 1 for j in wanted]
         values = TokenLogprobs([], None)
         if wanted:
@@ -81,10 +82,12 @@ class LogprobState:
         return InputLogprobs(positions, values, start + count >= n - 1 or first >= n)
 
     def add_input(self, input_ids: list[int], got: InputLogprobs, text: TokenText) -> None:
-        """Records prompt logprobs (the first position's logprob is None, SGLang's way)."""
-        if self.start_len == 0 and not self._first_added:
+        """Records prompt logprobs; the entry at `start_len` comes first with a None logprob
+        whatever `start_len` is (SGLang's way: it is where the scored span starts)."""
+        first = self.start_len
+        if not self._first_added and 0 <= first < len(input_ids):
             self._first_added = True
-            self._input.append((None, input_ids[0], self._text(text, input_ids[0])))
+            self._input.append((None, input_ids[first], self._text(text, input_ids[first])))
             self._input_top.append(None)
         for j, pos in enumerate(got.positions):
             token = input_ids[pos]

@@ -196,6 +196,11 @@ class RequestBuilder:
                 "stop_token_ids",
                 f"stop_token_ids contains {bad[0]}, outside [0, {self.vocab_size})",
             )
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequest(
+                "logit_bias", f"logit_bias names token {bad[0]}, outside [0, {self.vocab_size})"
+            )
 
     def _start_grammar(self, params: SamplingParams) -> Future | None:
         if params.constraint is None:

@@ -5,7 +5,8 @@ returns one `Sample` per batch entry: the next token for a request whose sequenc
 and the prompt logprobs the pass computed. Everything tensor-shaped ends here; what comes out
 is plain numbers.
 
-Order per row (as SGLang and vLLM do it): penalties, then constraint masks (grammar, min tokens),
+Order per row (as SGLang and vLLM do it): penalties, logit_bias, then constraint masks (grammar,
+min tokens; after the bias, so a constraint always wins),
 then temperature, top-k, top-p, min-p, then greedy argmax or a draw. Output logprobs are taken
 from the raw logits, before any of that. A request with a `sampling_seed` draws from its own
 generator, the others from the sampler's (seeded from the engine config, never the global one).
@@ -90,17 +91,23 @@ class Sampler:
 
     def _apply_penalties_and_masks(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
         needs_copy = any(
-            r.sampling_params.has_penalties or r.guide is not None or self._blocks_stop(r)
+            r.sampling_params.has_penalties
+            or r.sampling_params.logit_bias
+            or r.guide is not None
+            or self._blocks_stop(r)
             for r in reqs
         )
         if not needs_copy:
             return logits
-        logits = logits.clone()
+        # contiguous: the logit_bias add indexes the flattened rows
+        logits = logits.clone(memory_format=torch.contiguous_format)
+        for i, req in enumerate(reqs):
+            if req.sampling_params.has_penalties:
+                _apply_penalties(logits[i], req)
+        _apply_logit_bias(logits, reqs)
         for i, req in enumerate(reqs):
             params = req.sampling_params
             row = logits[i]
-            if params.has_penalties:
-                _apply_penalties(row, req)
             if req.guide is not None:
                 allowed = req.guide.allowed_mask().to(row.device)
                 # Ids past the tokenizer's vocabulary (padding rows of the LM head) never fit.
@@ -153,3 +160,20 @@ def _apply_penalties(row: torch.Tensor, req: Req) -> None:
         row[seen] = torch.where(
             values > 0, values / params.repetition_penalty, values * params.repetition_penalty
         )
+
+
+def _apply_logit_bias(logits: torch.Tensor, reqs: list[Req]) -> None:
+    """Adds each request's logit_bias to its row, in place: one index_add over the flattened
+    (B, V) logits for all the requests that set one."""
+    vocab = logits.shape[-1]
+    flat: list[int] = []
+    biases: list[float] = []
+    for i, req in enumerate(reqs):
+        for token, bias in req.sampling_params.logit_bias:
+            flat.append(i * vocab + token)
+            biases.append(bias)
+    if not flat:
+        return
+    index = torch.tensor(flat, device=logits.device)
+    values = torch.tensor(biases, dtype=logits.dtype, device=logits.device)
+    logits.view(-1).index_add_(0, index, values)

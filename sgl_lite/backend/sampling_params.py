@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -43,6 +44,8 @@ class SamplingParams:
     sampling_seed: int | None = None
     regex: str | None = None
     json_schema: str | None = None
+    # (token id, bias) pairs, sorted by id: OpenAI's logit_bias, frozen so params stay hashable
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         checks = [
@@ -72,6 +75,17 @@ class SamplingParams:
             )
         for pattern in self.stop_regex:
             compile_stop_regex(pattern)
+        for token, bias in self.logit_bias:
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise InvalidRequest(
+                    "logit_bias", f"logit_bias keys must be token ids >= 0, got {token!r}"
+                )
+            if not math.isfinite(bias) or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise InvalidRequest(
+                    "logit_bias",
+                    f"logit_bias[{token}] must be a finite number in "
+                    f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}], got {bias!r}",
+                )
 
     @property
     def is_greedy(self) -> bool:
@@ -128,7 +142,13 @@ class SamplingParams:
         for name in ("regex", "json_schema"):
             if name in values and not isinstance(values[name], str):
                 raise InvalidRequest(name, f"sampling param {name} must be a string")
+        if "logit_bias" in values:
+            values["logit_bias"] = _logit_bias(values["logit_bias"])
         return cls(**values)
+
+
+# OpenAI's bound on a logit_bias value (-100 bans a token, +100 all but forces it)
+LOGIT_BIAS_LIMIT = 100.0
 
 
 # The numeric params and their type, read off the annotations ("int", "float", "int | None").
@@ -156,6 +176,30 @@ def _strings(name: str, value: Any) -> tuple[str, ...]:
             name, f"sampling param {name} must be a non-empty string or a list of them"
         )
     return tuple(items)
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `{token id: bias}` (ids as ints or as the numeric strings JSON forces) as
+    sorted pairs; the engine checks the ids against its vocabulary."""
+    if not isinstance(value, dict):
+        raise InvalidRequest(
+            "logit_bias", f"logit_bias must be a dict of token id -> bias, got {value!r}"
+        )
+    pairs: dict[int, float] = {}
+    for key, bias in value.items():
+        token = key
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            token = int(key)
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise InvalidRequest("logit_bias", f"logit_bias key {key!r} is not a token id")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise InvalidRequest(
+                "logit_bias", f"logit_bias[{key!r}] must be a number, got {bias!r}"
+            )
+        if token in pairs:
+            raise InvalidRequest("logit_bias", f"logit_bias names token {token} twice")
+        pairs[token] = float(bias)
+    return tuple(sorted(pairs.items()))
 
 
 @functools.lru_cache(maxsize=256)

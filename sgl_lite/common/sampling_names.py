@@ -29,6 +29,7 @@ SAMPLING_PARAM_NAMES: tuple[str, ...] = (
     "sampling_seed",
     "regex",
     "json_schema",
+    "logit_bias",
 )
 
 LOGPROB_OPTION_NAMES: tuple[str, ...] = (

@@ -214,6 +214,44 @@ def test_logprobs_match_a_full_forward(engine, smollm_tokenizer, hf_smollm):
     assert len(meta["output_top_logprobs"][0]) == 2
 
 
+def test_logit_bias_forces_and_bans_tokens_per_request(engine, smollm_tokenizer):
+    prompt = chat_prompt(smollm_tokenizer, "What is the capital of France?")
+    params = {"temperature": 0, "max_new_tokens": 4}
+    plain = engine.generate(prompt, params)
+    forced_token = smollm_tokenizer.encode(" banana", add_special_tokens=False)[0]
+    banned_token = plain["output_ids"][0]
+    forced = {**params, "logit_bias": {str(forced_token): 100}}
+    banned = {**params, "logit_bias": {banned_token: -100}}
+    outs = engine.generate([prompt] * 3, [params, forced, banned])  # one batch, three biases
+    assert outs[0]["output_ids"] == plain["output_ids"]
+    assert outs[1]["output_ids"] == [forced_token] * 4
+    assert banned_token not in outs[2]["output_ids"]
+
+
+def test_input_logprobs_start_with_none_at_any_logprob_start_len(engine, smollm_tokenizer):
+    ids = smollm_tokenizer.encode("The quick brown fox jumps over the lazy dog near the river")
+
+    def entries(start: int) -> list:
+        out = engine.generate(
+            input_ids=ids,
+            sampling_params={"temperature": 0, "max_new_tokens": 1},
+            return_logprob=True,
+            logprob_start_len=start,
+            top_logprobs_num=2,
+        )
+        got = out["meta_info"]["input_token_logprobs"]
+        tops = out["meta_info"]["input_top_logprobs"]
+        assert len(got) == len(tops) == len(ids) - start and tops[0] is None
+        return got
+
+    full = entries(0)
+    for start in (0, 5, len(ids) - 1):
+        got = entries(start)
+        assert got[0][0] is None and [e[1] for e in got] == ids[start:]
+        for pos in range(start + 1, len(ids)):
+            assert abs(got[pos - start][0] - full[pos][0]) < 1e-4, (start, pos)
+
+
 def test_sampling_with_a_seed_is_reproducible(engine):
     params = {
         "temperature": 1.0,
@@ -243,6 +281,8 @@ def test_sampling_with_a_seed_is_reproducible(engine):
         ({"prompt": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
         ({"prompt": "hi", "sampling_params": {"max_new_tokens": "ten"}}, "max_new_tokens"),
         ({"prompt": "hi", "sampling_params": {"stop_token_ids": [10**9]}}, "stop_token_ids"),
+        ({"prompt": "hi", "sampling_params": {"logit_bias": {"1000000": 1}}}, "logit_bias"),
+        ({"prompt": "hi", "sampling_params": {"logit_bias": {"5": -101}}}, "logit_bias"),
     ],
 )
 def test_bad_input_raises_a_named_error_and_the_engine_keeps_serving(engine, kwargs, field):

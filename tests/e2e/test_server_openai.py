@@ -75,6 +75,20 @@ def test_streamed_chat_equals_the_plain_answer_and_reports_usage(client):
     )
 
 
+def test_chat_logit_bias_forces_and_bans_tokens(client, engine):
+    kwargs = {"model": SERVED, "messages": ask("Name a fruit."), "max_tokens": 3, "temperature": 0}
+    plain = client.chat.completions.create(**kwargs, logprobs=True)
+    first = plain.choices[0].logprobs.content[0].token
+    token = engine.tokenizer.encode(" banana", add_special_tokens=False)[0]
+    forced = client.chat.completions.create(**kwargs, logit_bias={str(token): 100})
+    assert forced.choices[0].message.content == engine.tokenizer.decode([token] * 3)
+    ban = {str(t): -100 for t in engine.tokenizer.encode(first, add_special_tokens=False)}
+    banned = client.chat.completions.create(**kwargs, logprobs=True, logit_bias=ban)
+    assert banned.choices[0].logprobs.content[0].token != first
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.chat.completions.create(**kwargs, logit_bias={str(token): 100.5})
+
+
 def test_repeated_prompt_reports_cached_tokens(client, url):
     flush(url)
     kwargs = {

@@ -100,7 +100,6 @@ REFUSED_GENERATE = [
     ("not_a_field", 1),
 ]
 REFUSED_SAMPLING = [
-    ("logit_bias", {"42": 3.0}),
     ("beam_width", 4),
     ("ebnf", "root ::= 'a'"),
     ("structural_tag", "{}"),
@@ -178,6 +177,16 @@ def test_every_sglang_05_field_has_a_policy():
 def test_spaces_between_special_tokens_is_accepted(url):
     response = generate(url, sampling_params={**GREEDY, "spaces_between_special_tokens": False})
     assert response.status_code == 200, response.text
+
+
+def test_logit_bias_passes_through_generate(url, engine):
+    token = engine.tokenizer.encode(" banana", add_special_tokens=False)[0]
+    biased = {**GREEDY, "logit_bias": {str(token): 100.0}}
+    response = generate(url, sampling_params=biased)
+    assert response.status_code == 200, response.text
+    assert response.json()["output_ids"] == [token] * GREEDY["max_new_tokens"]
+    bad = generate(url, sampling_params={**GREEDY, "logit_bias": {str(token): 101}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "logit_bias"
 
 
 def test_tokenize_and_detokenize_round_trip_in_both_shapes(url, engine):

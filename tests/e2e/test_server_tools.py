@@ -236,7 +236,8 @@ def _bad_requests() -> list[tuple[dict, str]]:
             "tools.0.function.examples",
         ),
         ({"tools": [{"type": "code_interpreter"}]}, "tools.0.type"),
-        ({"logit_bias": {"42": 5}}, "logit_bias"),
+        ({"logit_bias": {"42": 500}}, "logit_bias"),
+        ({"logit_bias": {"10000000": 5}}, "logit_bias"),
         ({"functions": [WEATHER["function"]]}, "functions"),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         ({"modalities": ["text", "audio"]}, "modalities"),
@@ -288,7 +289,8 @@ def test_no_op_identifiers_are_accepted(client):
     ("extra", "param"),
     [
         ({"best_of": 3}, "best_of"),
-        ({"logit_bias": {"42": 5}}, "logit_bias"),
+        ({"logit_bias": {"42": 500}}, "logit_bias"),
+        ({"logit_bias": {"x": 5}}, "logit_bias"),
         ({"echo2": 1}, "echo2"),
     ],
 )

@@ -83,9 +83,9 @@ class FakeEngine:
             "finish_reason": reason,
         }
         if return_logprob:
-            s = max(start, 0)
+            s = max(start, 0)  # SGLang: the entry at logprob_start_len has a None logprob
             meta["input_token_logprobs"] = [
-                [None if i == 0 else self.logprob(ids[i]), ids[i], None] for i in range(s, len(ids))
+                [None if i == s else self.logprob(ids[i]), ids[i], None] for i in range(s, len(ids))
             ]
         return {"text": text, "output_ids": [], "meta_info": meta}
 

@@ -44,6 +44,16 @@ def build(builder: RequestBuilder, *args, **kwargs):
         ({"prompt": "a", "sampling_params": {"regex": "a", "json_schema": "{}"}}, "regex"),
         ({"prompt": "a", "sampling_params": {"top_k": 0}}, "top_k"),
         ({"prompt": "a", "sampling_params": {"n": 1.5}}, "n"),
+        ({"prompt": "a", "sampling_params": {"logit_bias": {str(VOCAB): 1}}}, "logit_bias"),
+        ({"prompt": "a", "sampling_params": {"logit_bias": {"-1": 1}}}, "logit_bias"),
+        ({"prompt": "a", "sampling_params": {"logit_bias": {"x": 1}}}, "logit_bias"),
+        ({"prompt": "a", "sampling_params": {"logit_bias": {"5": 100.5}}}, "logit_bias"),
+        ({"prompt": "a", "sampling_params": {"logit_bias": {"5": float("nan")}}}, "logit_bias"),
+        ({"prompt": "a", "sampling_params": {"logit_bias": {"5": float("inf")}}}, "logit_bias"),
+        ({"prompt": "a", "sampling_params": {"logit_bias": {"5": "1"}}}, "logit_bias"),
+        ({"prompt": "a", "sampling_params": {"logit_bias": {"5": True}}}, "logit_bias"),
+        ({"prompt": "a", "sampling_params": {"logit_bias": {5: 1, "5": 2}}}, "logit_bias"),
+        ({"prompt": "a", "sampling_params": {"logit_bias": [[5, 1]]}}, "logit_bias"),
     ],
 )
 def test_bad_arguments_name_their_field(builder, kwargs, field):

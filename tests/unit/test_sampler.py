@@ -94,3 +94,31 @@ def test_a_grammar_mask_is_applied_and_padding_ids_never_win():
     r.guide = Only()  # type: ignore[assignment]
     tokens, _ = Sampler({EOS}, V).sample_rows(rows(V - 1), [r])
     assert tokens == [2]
+
+
+def test_logit_bias_forces_or_bans_a_token_under_greedy_only_for_its_request():
+    logits = torch.randn(3, V) + rows(7, 7, 7)
+    sampler = Sampler({EOS}, V)
+    plain = req(temperature=0)
+    forced = req(temperature=0, logit_bias=((11, 100.0),))
+    banned = req(temperature=0, logit_bias=((7, -100.0),))
+    tokens, values = sampler.sample_rows(logits, [plain, forced, banned])
+    assert tokens[0] == 7 and tokens[1] == 11
+    assert tokens[2] != 7 and tokens[2] == int(logits[2].topk(2).indices[1])
+    assert values is None
+
+
+def test_logit_bias_from_json_keys_and_a_grammar_still_wins():
+    params = SamplingParams.from_dict({"temperature": 0, "logit_bias": {"9": 100, 4: -5.5}})
+    assert params.logit_bias == ((4, -5.5), (9, 100.0))
+
+    class Only:
+        def allowed_mask(self) -> torch.Tensor:
+            mask = torch.zeros(V, dtype=torch.bool)
+            mask[2] = True
+            return mask
+
+    r = Req(rid="r", input_ids=[1], sampling_params=params)
+    r.guide = Only()  # type: ignore[assignment]
+    tokens, _ = Sampler({EOS}, V).sample_rows(rows(5), [r])
+    assert tokens == [2]  # the bias on 9 cannot break the constraint

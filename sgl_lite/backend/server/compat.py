@@ -131,7 +131,6 @@ SAMPLING_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "beam_width": ((None, 1), "beam search is not implemented"),
     "ebnf": ((None,), "EBNF grammars are not supported; use regex or json_schema"),
     "structural_tag": ((None,), "structural tags are not supported; use regex or json_schema"),
-    "logit_bias": ((None, {}), "logit_bias needs support in the sampler, which it lacks"),
     "watermark": ((None,), "watermarking is not implemented"),
 }
 
@@ -203,7 +202,6 @@ CHAT_NOOPS = frozenset(
 CHAT_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "functions": ((None, []), "the legacy functions API is not implemented; use tools"),
     "function_call": ((None,), "the legacy functions API is not implemented; use tool_choice"),
-    "logit_bias": ((None, {}), "logit_bias needs support in the sampler, which it lacks"),
     "audio": ((None,), "audio output is not supported"),
     "modalities": ((None, ["text"]), "only text output is supported"),
     "prediction": ((None,), "predicted outputs are not implemented"),
@@ -218,7 +216,6 @@ CHAT_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 COMPLETION_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "best_of": ((None, 1), "best_of is not implemented; use n and rank the samples"),
-    "logit_bias": ((None, {}), "logit_bias needs support in the sampler, which it lacks"),
 }
 MESSAGE_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "audio": ((None,), "audio is not supported"),

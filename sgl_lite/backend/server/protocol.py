@@ -80,6 +80,8 @@ class _SamplingFields(_Wire):
     seed: StrictInt | None = None
     presence_penalty: float = Field(0.0, ge=-2, le=2, strict=True)
     frequency_penalty: float = Field(0.0, ge=-2, le=2, strict=True)
+    # token id (a numeric string, as JSON keys are) -> bias; the engine checks ids and values
+    logit_bias: dict[str, Any] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     # SGLang's extensions

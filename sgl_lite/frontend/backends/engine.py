@@ -79,7 +79,9 @@ class EngineBackend(Backend):
     ) -> ChoicesDecision:
         prefix_ids = self.tokenizer.encode(prompt.text, add_special_tokens=False)
         toks = [choice_tokens(self.tokenizer, prompt.text, c, prefix_ids) for c in choices]
-        start = min(t.start for t in toks)
+        # SGLang's alignment: the entry at logprob_start_len has no logprob, so the span starts
+        # one token before the earliest choice token (which then gets its value)
+        start = max(min(t.start for t in toks) - 1, 0)
         if prefix_ids:
             # NOTE: prefill once so the scoring batch below finds the prefix in the cache.
             self.engine.generate(input_ids=prefix_ids, sampling_params={"max_new_tokens": 0})
