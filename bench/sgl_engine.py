@@ -107,15 +107,17 @@ class SglLite:
         self.engine.generate(
             input_ids=item.prompt_ids[:start], sampling_params={"max_new_tokens": 0}
         )
+        # NOTE: as SGLang, the first input logprob is always null: ask from one token earlier
+        from_pos = max(start - 1, 0)
         outs = self.engine.generate(
             input_ids=[c.ids for c in item.choices],
             sampling_params={"max_new_tokens": 0},
             return_logprob=True,
-            logprob_start_len=start,
+            logprob_start_len=from_pos,
         )
         scores = []
         for choice, out in zip(item.choices, outs):
-            entries = out["meta_info"]["input_token_logprobs"][choice.start - start :]
+            entries = out["meta_info"]["input_token_logprobs"][choice.start - from_pos :]
             if len(entries) != len(choice.ids) - choice.start:
                 raise RuntimeError(
                     f"engine returned {len(entries)} logprobs for a "
