@@ -15,7 +15,7 @@ import pytest
 
 from sgl_lite.backend.constrained import GrammarError, Guide, check_output, dtype_to_regex
 from sgl_lite.backend.constrained.numbers import INT_MAX_DIGITS
-from tests.unit.test_constrained_support import decode_without_model, shared_compiler
+from tests.e2e.test_constrained_support import decode_without_model, shared_compiler
 
 COMMENT_TREE = {
     "$defs": {

@@ -19,8 +19,8 @@ from sgl_lite.backend.constrained import (
     apply_jump_forward,
     plan_jump_forward,
 )
-from tests.unit.test_constrained_fidelity import COMMENT_TREE, ENFORCED
-from tests.unit.test_constrained_support import _closing_bias, smollm2_tokenizer
+from tests.e2e.test_constrained_fidelity import COMMENT_TREE, ENFORCED
+from tests.e2e.test_constrained_support import _closing_bias, smollm2_tokenizer
 
 ARITHMETIC = r"""
 root ::= expr

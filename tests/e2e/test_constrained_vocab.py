@@ -8,7 +8,7 @@ from sgl_lite.backend.constrained.vocab import (
     token_to_bytes,
     vocabulary_for,
 )
-from tests.unit.test_constrained_support import smollm2_tokenizer
+from tests.e2e.test_constrained_support import smollm2_tokenizer
 
 
 def test_byte_level_tokens_decode_through_the_gpt2_byte_table() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from sgl_lite.backend.constrained import dtype_to_regex
 from sgl_lite.backend.constrained.jump_forward import forced_bytes
-from tests.unit.test_constrained_support import decode_without_model, shared_compiler
+from tests.e2e.test_constrained_support import decode_without_model, shared_compiler
 
 W3_SCHEMA = {
     "type": "object",

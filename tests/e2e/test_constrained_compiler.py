@@ -9,7 +9,7 @@ import pytest
 
 from sgl_lite.backend.constrained import GrammarError, dtype_to_regex
 from sgl_lite.backend.constrained.compiler import GrammarCompiler, digits_to_ascii
-from tests.unit.test_constrained_support import shared_compiler, smollm2_tokenizer
+from tests.e2e.test_constrained_support import shared_compiler, smollm2_tokenizer
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ from sgl_lite.backend.constrained import (
     apply_jump_forward,
     plan_jump_forward,
 )
-from tests.unit.test_constrained_decode import SCHEMAS
-from tests.unit.test_constrained_support import shared_compiler, smollm2_tokenizer
+from tests.e2e.test_constrained_decode import SCHEMAS
+from tests.e2e.test_constrained_support import shared_compiler, smollm2_tokenizer
 
 CASES = [
     ("json_schema", SCHEMAS["w3"]),
