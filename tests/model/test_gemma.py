@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GemmaConfig
 
+from sgl_lite.backend.decode_graphs import DecodeGraphs
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.model_runner import ModelRunner, Segment
@@ -240,3 +241,35 @@ def test_prefix_shared_through_the_cache_is_longer_than_the_window(
     assert first["output_ids"][: len(expected[0])] == expected[0]
     assert second["output_ids"][: len(expected[1])] == expected[1]
     assert cached is not None and cached >= len(prefix) > WINDOW
+
+
+def test_gemma_decode_through_the_static_graph_buffers_equals_the_eager_step():
+    """Gemma (no sliding layers) keeps CUDA-graph decoding: its step, run eagerly on the graphs'
+    padded buffers, gives the ordinary forward's logits."""
+    config = configs(211)["gemma"]
+    tiny = TinyRunner(config)
+    runner = tiny.runner
+    runner.context_length, runner.vocab_size = 128, config.vocab_size
+    runner.pool = KVPool(
+        num_layers=config.num_hidden_layers,
+        num_slots=400,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=head_dim_of(config),
+        scratch_slots=1,
+    )
+    graphs = DecodeGraphs(runner, capture=False)
+    seqs = []
+    for n, seed in ((5, 1), (40, 2), (17, 3)):
+        ids, slots = random_ids(n + 1, seed), runner.pool.alloc(n + 1)
+        runner.forward([Segment(token_ids=ids[:n], start=0, kv_slots=slots[:n], logits_from=n)])
+        seqs.append((ids, slots))
+    step = [
+        Segment(token_ids=ids[-1:], start=len(ids) - 1, kv_slots=s, logits_from=0)
+        for ids, s in seqs
+    ]
+    eager = runner.forward(step)
+    replayed = graphs.run(step)  # the batch-4 buffers, one padding row
+    assert replayed is not None and replayed.ranges == eager.ranges
+    assert (replayed.logits - eager.logits).abs().max() <= 1e-5
+    expected = torch.stack([tiny.hf_logits(ids)[-1] for ids, _ in seqs])
+    assert (replayed.logits - expected).abs().max() <= 1e-4
