@@ -32,7 +32,6 @@ from sgl_lite.backend.server.protocol import (
 )
 from sgl_lite.backend.server.tool_parser import Scan, ToolDeltas, message, scan
 from sgl_lite.backend.server.tools import (
-    JSON_OBJECT_REGEX,
     ToolPlan,
     chat_messages,
     chat_prompt,
@@ -41,6 +40,7 @@ from sgl_lite.backend.server.tools import (
 )
 
 _IMPLEMENTED = set(ChatCompletionRequest.model_fields)
+ANY_OBJECT_SCHEMA = json.dumps({"type": "object"})
 
 
 def add_chat_routes(
@@ -129,14 +129,13 @@ def _constraint(req: ChatCompletionRequest, plan: ToolPlan, engine: Any) -> dict
             400, f"give one of {' and '.join(given)}: each sets the output's format", param=given[0]
         )
     if plan.mode in ("required", "named"):
-        regex = constraint(plan, engine.builder.compiler)
-        return {"regex": regex} if regex is not None else {}
+        return constraint(plan, engine.builder.compiler)
     if fmt is None or fmt.type == "text":
         return {}
     if fmt.type == "json_object":
-        # NOTE: any JSON object nested at most three levels deep; a true any-JSON grammar needs a
-        # context-free backend, and outlines' regex for {"type": "object"} takes ~10 s to build.
-        return {"regex": JSON_OBJECT_REGEX}
+        # any JSON object, any depth: the engine builds this schema as a recursive grammar
+        # (llguidance) and checks the output parses to an object before it is returned
+        return {"json_schema": ANY_OBJECT_SCHEMA}
     if fmt.json_schema is None:
         raise ApiError(
             400,

@@ -8,7 +8,9 @@ decides how the answer is generated:
 | "none" (or no tools) | no              | free text                         | -              |
 | "auto"               | yes             | free text, calls as `<tool_call>` | blocks in text |
 | "required"           | yes             | regex: a JSON list of calls       | that list      |
-| {"function": name}   | yes             | regex: that function's arguments  | the arguments  |
+| {"function": name}   | yes             | that function's arguments (*)     | the arguments  |
+
+(*) a regex, or for a free-form `parameters` (any JSON object) a real JSON grammar.
 
 So a required or named call always has arguments that match the function's `parameters`.
 Tools reach the model through the tokenizer's chat template when it renders `tools`, else
@@ -26,6 +28,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel
 
+from sgl_lite.backend.constrained.llguidance_backend import is_any_object
 from sgl_lite.backend.server.protocol import ApiError
 
 ToolMode = Literal["none", "auto", "required", "named"]
@@ -42,8 +45,9 @@ To call a function, answer with one block per call, and nothing else in the bloc
 {{"name": <function name>, "arguments": <arguments as a JSON object>}}
 </tool_call>"""
 
-# `{"type": "object"}` with no properties: any JSON object. NOTE: outlines' regex for it takes
-# ~10 s to compile on SmolLM2's vocabulary; the bounded regex below compiles in ~1 s.
+# Any JSON object inside a required choice's regex, nested at most three deep. NOTE: outlines'
+# regex for it takes ~10 s to compile on SmolLM2's vocabulary; this one compiles in ~1 s. Alone
+# (json_object, a named free-form function) it is a JSON Schema the engine builds as a grammar.
 _WS = r"[ \n]{0,2}"
 _STR = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"'
 _NUM = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
@@ -142,8 +146,10 @@ _FREE_FORM_KEYS = {
 
 
 def arguments_regex(compiler: Any, schema: dict[str, Any], field: str) -> str:
-    """The regex a function's arguments are generated under (a 400 naming `field` if the
-    engine's JSON-schema support cannot express it)."""
+    """The regex a function's arguments are generated under inside a larger regex (a required
+    choice's list of calls; a 400 naming `field` if the engine's JSON-schema support cannot
+    express it). NOTE: a free-form object here is bounded (nested at most three deep); alone, as
+    a named choice, it is a real grammar (`arguments_constraint`)."""
     if set(schema) <= _FREE_FORM_KEYS and not schema.get("properties"):
         # an object with no declared properties: {} if no others are allowed, else any object
         if schema.get("additionalProperties") is False:
@@ -156,19 +162,27 @@ def arguments_regex(compiler: Any, schema: dict[str, Any], field: str) -> str:
         raise ApiError(400, f"{field}: {exc}", param=field) from None
 
 
-def constraint(plan: ToolPlan, compiler: Any) -> str | None:
-    """The regex a required or named tool choice generates under; None for free text.
+def arguments_constraint(compiler: Any, schema: dict[str, Any], field: str) -> dict[str, str]:
+    """The sampling param a named function's arguments are generated under: any JSON object as
+    a JSON Schema (the engine builds it as a recursive grammar, any depth), else a regex."""
+    if is_any_object(schema):
+        return {"json_schema": json.dumps(schema)}
+    return {"regex": arguments_regex(compiler, schema, field)}
 
-    Named: the function's arguments alone. Required: a JSON list of
+
+def constraint(plan: ToolPlan, compiler: Any) -> dict[str, str]:
+    """The constraint sampling param of a required or named tool choice; {} for free text.
+
+    Named: the function's arguments alone. Required: a regex for a JSON list of
     `{"name": ..., "arguments": ...}` objects (one element unless parallel_tool_calls).
     """
     names = list(plan.schemas)
     field = {name: f"tools[{i}].function.parameters" for i, name in enumerate(names)}
     if plan.mode == "named":
         assert plan.named is not None
-        return arguments_regex(compiler, plan.schemas[plan.named], field[plan.named])
+        return arguments_constraint(compiler, plan.schemas[plan.named], field[plan.named])
     if plan.mode != "required":
-        return None
+        return {}
     calls = "|".join(
         r"\{"
         + _literal(json.dumps({"name": name})[1:-1])
@@ -178,7 +192,7 @@ def constraint(plan: ToolPlan, compiler: Any) -> str | None:
         for name in names
     )
     more = rf"(, ({calls}))*" if plan.parallel else ""
-    return rf"\[({calls}){more}\]"
+    return {"regex": rf"\[({calls}){more}\]"}
 
 
 def _literal(text: str) -> str:
