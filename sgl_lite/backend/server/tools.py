@@ -6,16 +6,18 @@ decides how the answer is generated:
 | tool_choice          | tools in prompt | generation                        | scanned as     |
 |----------------------|-----------------|-----------------------------------|----------------|
 | "none" (or no tools) | no              | free text                         | -              |
-| "auto"               | yes             | free text, calls as `<tool_call>` | blocks in text |
+| "auto"               | yes             | free text, calls in its format    | blocks in text |
 | "required"           | yes             | regex: a JSON list of calls       | that list      |
 | {"function": name}   | yes             | that function's arguments (*)     | the arguments  |
 
+"Its format" is the one the chat template teaches (`tool_formats.py`).
 (*) a regex, or for a free-form `parameters` (any JSON object) a real JSON grammar.
 
 So a required or named call always has arguments that match the function's `parameters`.
 Tools reach the model through the tokenizer's chat template when it renders `tools`, else
-through `DEFAULT_TOOL_PROMPT` in the system message (the Hermes/Qwen `<tool_call>` convention,
-which `auto_scan` parses either way). Parsing and streaming deltas live in `tool_parser.py`.
+through `DEFAULT_TOOL_PROMPT` in the system message (the Hermes/Qwen `<tool_call>` convention).
+"auto" answers are parsed in the format the template teaches (`tool_formats.py`, or
+`--tool-call-parser`); parsing and streaming deltas live in `tool_parser.py`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pydantic import BaseModel
 
 from sgl_lite.backend.constrained.llguidance_backend import is_any_object
 from sgl_lite.backend.server.protocol import ApiError
+from sgl_lite.backend.server.tool_formats import FORMATS, ToolFormat, template_text
 
 ToolMode = Literal["none", "auto", "required", "named"]
 
@@ -73,6 +76,7 @@ class ToolPlan:
     schemas: dict[str, dict[str, Any]]  # function name -> its parameters schema
     named: str | None = None
     parallel: bool = True
+    format: ToolFormat = FORMATS["hermes"]  # how "auto" answers write calls
 
     @property
     def shown(self) -> bool:
@@ -80,9 +84,14 @@ class ToolPlan:
         return self.mode != "none"
 
 
-def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool) -> ToolPlan:
+def plan_tools(
+    tools: list[Any] | None,
+    tool_choice: Any,
+    parallel_tool_calls: bool,
+    fmt: ToolFormat = FORMATS["hermes"],
+) -> ToolPlan:
     """Checks `tools` and `tool_choice` (wire models or dicts; 400s name the field) and picks
-    the generation mode."""
+    the generation mode; `fmt` is the format "auto" answers are read in."""
     tools = [_plain(t) for t in tools or []]
     tool_choice = _plain(tool_choice)
     schemas: dict[str, dict[str, Any]] = {}
@@ -116,6 +125,7 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: b
         schemas=schemas,
         named=named,
         parallel=parallel_tool_calls,
+        format=fmt,
     )
 
 
@@ -203,10 +213,7 @@ def _literal(text: str) -> str:
 # --- the prompt ------------------------------------------------------------------------------
 def template_renders_tools(tokenizer: Any) -> bool:
     """Whether the tokenizer's chat template reads a `tools` variable."""
-    template = getattr(tokenizer, "chat_template", None) or ""
-    if isinstance(template, dict):
-        template = " ".join(template.values())
-    return "tools" in template
+    return "tools" in template_text(tokenizer)
 
 
 def chat_messages(messages: list[Any]) -> list[dict[str, Any]]:
@@ -235,6 +242,8 @@ def chat_prompt(
     native = template_renders_tools(tokenizer)
     if native:
         kwargs = {"tools": list(plan.tools)} if plan.shown else {}
+        if plan.shown and plan.format.name == "phi4_mini":
+            messages = _phi_tools(messages, plan.tools)
         return tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
         )
@@ -250,6 +259,14 @@ def chat_prompt(
     return tokenizer.apply_chat_template(
         flat, tokenize=False, add_generation_prompt=add_generation_prompt
     )
+
+
+def _phi_tools(messages: list[dict[str, Any]], tools: tuple[dict[str, Any], ...]) -> list:
+    """Phi-4-mini's template reads the tools as a JSON string on the system message."""
+    listed = json.dumps([t["function"] for t in tools], ensure_ascii=False)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "tools": listed}, *messages[1:]]
+    return [{"role": "system", "content": "", "tools": listed}, *messages]
 
 
 def _flatten(message: dict[str, Any]) -> dict[str, str]:
