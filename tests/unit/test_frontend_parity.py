@@ -66,8 +66,20 @@ SGLANG_STATE = [
 ]  # fmt: skip
 SGLANG_GROUP = ["join", "__getitem__", "__setitem__", "__iadd__", "states", "src_state"]
 SGLANG_FUNCTION = [
-    "bind", "run", "run_batch", "trace", "cache", "__call__", "func", "num_api_spec_tokens",
-    "bind_arguments", "pin_prefix_rid", "arg_names", "arg_defaults",
+    "bind", "run", "run_batch", "trace", "cache", "compile", "__call__", "func",
+    "num_api_spec_tokens", "bind_arguments", "pin_prefix_rid", "arg_names", "arg_defaults",
+]  # fmt: skip
+# sglang/lang/backend/runtime_endpoint.py: RuntimeEndpoint's and Runtime's public methods
+SGLANG_ENDPOINT = [
+    "get_model_name", "flush_cache", "get_server_info", "get_chat_template", "cache_prefix",
+    "start_profile", "stop_profile", "commit_lazy_operations", "fill_image", "generate",
+    "generate_stream", "select", "concatenate_and_append", "base_url", "api_key", "verify",
+    "model_info", "chat_template", "support_concate_and_append",
+]  # fmt: skip
+SGLANG_RUNTIME = [
+    "url", "generate_url", "endpoint", "shutdown", "start_profile", "stop_profile",
+    "cache_prefix", "get_tokenizer", "async_generate", "add_request", "generate", "encode",
+    "get_server_info",
 ]  # fmt: skip
 
 
@@ -79,6 +91,15 @@ def test_every_sglang_public_name_exists_and_has_a_row_in_the_parity_table():
     assert all(hasattr(group, n) for n in SGLANG_GROUP)
     func = sgl.function(lambda s: None)
     assert all(hasattr(func, n) for n in SGLANG_FUNCTION)
+    endpoint_names = {n for n in dir(sgl.RuntimeEndpoint)} | {
+        "base_url",
+        "api_key",
+        "verify",
+        "model_info",
+        "chat_template",
+    }  # fmt: skip  (instance attributes, set in __init__)
+    assert not [n for n in SGLANG_ENDPOINT if n not in endpoint_names]
+    assert not [n for n in SGLANG_RUNTIME if not hasattr(sgl.Runtime, n)]
     doc = PARITY_DOC.read_text()
     rows = set()
     for cell in re.findall(r"^\| (`[^|]+`) \|", doc, flags=re.M):
@@ -90,6 +111,8 @@ def test_every_sglang_public_name_exists_and_has_a_row_in_the_parity_table():
         ("ProgramState.", SGLANG_STATE),
         ("ProgramStateGroup.", SGLANG_GROUP),
         ("SglFunction.", SGLANG_FUNCTION),
+        ("RuntimeEndpoint.", SGLANG_ENDPOINT),
+        ("Runtime.", SGLANG_RUNTIME),
     ]:
         missing = [n for n in names if not any(r.startswith(prefix + n) for r in rows)]
         assert not missing, f"docs/sglang_parity.md has no row for {prefix}{missing}"

@@ -56,7 +56,7 @@ def add_chat_routes(
     """Adds `/v1/chat/completions` to `app`."""
     engine = bridge.engine
     check_model = model_checker(served_model_name, accepted_names)
-    tokenizer = engine.tokenizer
+    tokenizer = getattr(engine, "tokenizer", None)  # NOTE: test engines may have none
     fmt = resolve_format(
         getattr(engine.config, "tool_call_parser", "auto"),
         tokenizer,
