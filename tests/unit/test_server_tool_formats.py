@@ -186,3 +186,11 @@ def test_phi4_mini_tools_go_on_the_system_message():
     assert messages[0]["role"] == "system"
     assert json.loads(messages[0]["tools"])[0]["name"] == "add"
     assert kwargs["tools"][0]["function"]["name"] == "add"
+
+
+def test_the_tool_call_parser_flag_reaches_the_engine_config():
+    from sgl_lite.launch_server import build_parser, engine_kwargs
+
+    args = build_parser().parse_args(["--tool-call-parser", "mistral"])
+    assert engine_kwargs(args)["tool_call_parser"] == "mistral"
+    assert "tool_call_parser" not in engine_kwargs(build_parser().parse_args([]))
