@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sgl_lite.backend.config import TOOL_CALL_PARSERS, EngineConfig
@@ -104,6 +104,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call(name):
 
 
 @pytest.mark.parametrize("name", sorted(TWO_CALLS))
+@settings(deadline=None, max_examples=60)  # NOTE: a shared, loaded CPU; no per-example timing
 @given(cuts=st.lists(st.integers(min_value=0, max_value=160), max_size=12))
 def test_streamed_deltas_concatenate_to_the_final_message(name, cuts):
     text = TWO_CALLS[name][0] + (" Done." if name == "hermes" else "")
