@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--grammar-backend", default=None)
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="how tool_choice 'auto' answers are read: auto (from the chat template), hermes, "
+        "llama3_json, mistral, granite or phi4_mini",
+    )
     p.add_argument("--constrained-json-whitespace-pattern", default=None)
     p.add_argument("--disable-jump-forward", action="store_true")
     p.add_argument("--grammar-compile-timeout", type=float, default=None)
@@ -230,6 +236,7 @@ _ENGINE_FLAGS = (
     "request_timeout",
     "tokenizer_path",
     "chat_template",
+    "tool_call_parser",
 )
 
 

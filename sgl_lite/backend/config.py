@@ -20,6 +20,8 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4")
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 GRAMMAR_BACKENDS = ("outlines", "llguidance", "auto")  # see constrained/compiler.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# how "auto" tool-choice answers are read (see server/tool_formats.py)
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "granite", "phi4_mini")
 
 
 def default_device() -> str:
@@ -62,6 +64,7 @@ class EngineConfig:
     tokenizer_path: str | None = None
     chat_template: str | None = None
     trust_remote_code: bool = False
+    tool_call_parser: str = "auto"  # vLLM/SGLang's --tool-call-parser
 
     def __post_init__(self) -> None:
         if not self.device:
@@ -85,6 +88,11 @@ class EngineConfig:
             raise ValueError(
                 f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, "
                 f"got {self.grammar_backend!r}"
+            )
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                f"got {self.tool_call_parser!r}"
             )
         for name, low in (
             ("max_total_tokens", 16),

@@ -161,6 +161,14 @@ class SglFunction:
         backend = _resolve_backend(backend)
         return trace_prefix(self, backend.chat_template, kwargs)
 
+    def compile(self, *, backend: Backend | None = None) -> Any:
+        """Refused: SGLang's graph compiler (`sglang.lang.compiler`) is not part of sgl_lite."""
+        raise NotImplementedError(
+            "SglFunction.compile: sgl_lite has no program compiler; call the function (run / "
+            "run_batch) directly: its constant prefix is cached by the radix cache, and "
+            "cache() prefills it ahead of time"
+        )
+
     # --- helpers ----------------------------------------------------------------------------
     def _as_kwargs(self, i: int, arguments: Any) -> Any:
         """A run_batch item as kwargs: SGLang also takes a list/tuple of positional values."""
@@ -247,9 +255,13 @@ def default_backend() -> Backend:
         return backend
 
 
-def flush_cache(backend: Any = None) -> bool:
-    """Empties the default (or given) backend's prefix cache."""
-    return (backend or default_backend()).flush_cache()
+def flush_cache(backend: Any = None, empty_cache: bool = True) -> bool:
+    """Empties the default (or given) backend's prefix cache (SGLang's `empty_cache`, which also
+    frees the GPU allocator's cache, is passed on to a remote server and accepted otherwise)."""
+    backend = backend or default_backend()
+    if "empty_cache" in inspect.signature(backend.flush_cache).parameters:
+        return backend.flush_cache(empty_cache=empty_cache)
+    return backend.flush_cache()
 
 
 def get_server_info(backend: Any = None) -> dict[str, Any]:

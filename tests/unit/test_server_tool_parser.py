@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sgl_lite.backend.constrained.llguidance_backend import is_any_object
 from sgl_lite.backend.server.protocol import ApiError
 from sgl_lite.backend.server.tool_parser import ToolDeltas, message, scan
 from sgl_lite.backend.server.tools import (
@@ -96,23 +97,41 @@ def test_required_scan_reads_the_constrained_list():
         ("add", '{"a": 1, "b": 2}', True),
         ("note-it", "{}", True),
     ]
-    regex = constraint(plan, compiler=_Compiler())
+    regex = constraint(plan, compiler=_Compiler())["regex"]
     assert re.fullmatch(regex, text)
     assert not re.fullmatch(regex, "[]")
 
 
 def test_required_constraint_without_parallel_calls_allows_one_call():
     plan = plan_tools([ADD, NOTE], "required", False)
-    regex = constraint(plan, compiler=_Compiler())
+    regex = constraint(plan, compiler=_Compiler())["regex"]
     assert re.fullmatch(regex, '[{"name": "note-it", "arguments": {"k": "v"}}]')
     assert not re.fullmatch(
         regex, '[{"name": "note-it", "arguments": {}}, {"name": "note-it", "arguments": {}}]'
     )
 
 
-def test_free_form_parameters_use_the_bounded_json_object_regex():
+def test_named_free_form_parameters_are_an_any_object_schema_not_a_regex():
     plan = plan_tools([NOTE], {"type": "function", "function": {"name": "note-it"}}, True)
-    assert constraint(plan, compiler=_Compiler()) == JSON_OBJECT_REGEX
+    params = constraint(plan, compiler=_Compiler())
+    assert list(params) == ["json_schema"]
+    assert is_any_object(json.loads(params["json_schema"]))
+
+
+def test_free_form_parameters_inside_a_required_list_use_the_bounded_regex():
+    plan = plan_tools([NOTE], "required", True)
+    regex = constraint(plan, compiler=_Compiler())["regex"]
+    assert JSON_OBJECT_REGEX in regex
+    assert re.fullmatch(regex, '[{"name": "note-it", "arguments": {"a": {"b": [1, null]}}}]')
+
+
+def test_any_object_is_only_the_unconstrained_object():
+    assert is_any_object({"type": "object"})
+    assert is_any_object({"type": "object", "title": "T", "properties": {}})
+    assert not is_any_object({"type": "object", "additionalProperties": False})
+    assert not is_any_object({"type": "object", "properties": {"a": {}}})
+    assert not is_any_object({"type": "object", "required": ["a"]})
+    assert not is_any_object({"type": "array"}) and not is_any_object({})
 
 
 def test_an_object_schema_with_other_keywords_goes_to_the_engine():
@@ -126,7 +145,7 @@ def test_an_object_schema_with_other_keywords_goes_to_the_engine():
             return r"\{\}"
 
     plan = plan_tools([tool], {"type": "function", "function": {"name": "f"}}, True)
-    assert constraint(plan, Recording()) == r"\{\}" and seen == [schema]
+    assert constraint(plan, Recording()) == {"regex": r"\{\}"} and seen == [schema]
 
 
 TEXTS = {

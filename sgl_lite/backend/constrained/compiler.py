@@ -118,7 +118,7 @@ class GrammarCompiler:
     def _plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
         if kind == "ebnf" and self.backend == "outlines":
             raise GrammarError("ebnf needs grammar_backend 'llguidance' or 'auto'")
-        if kind == "ebnf" or self.backend == "llguidance":
+        if kind == "ebnf" or self.backend == "llguidance" or _any_object(kind, pattern):
             return "llguidance", self._llguidance_source(kind, pattern)
         try:
             regex = self._to_regex(kind, pattern)
@@ -254,6 +254,14 @@ class GrammarCompiler:
         self._cache[key] = future
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
+
+
+def _any_object(kind: str, pattern: str | dict) -> bool:
+    """A json_schema for any JSON object: llguidance whatever the backend (it is exact, the
+    automaton only bounded)."""
+    from sgl_lite.backend.constrained.llguidance_backend import is_any_object
+
+    return kind == "json_schema" and is_any_object(_load_schema(pattern))
 
 
 def _dumps(schema: Any) -> str:

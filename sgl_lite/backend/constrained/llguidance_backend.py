@@ -86,6 +86,24 @@ def closed_objects(schema: Any) -> Any:
     return close(schema)
 
 
+# keywords that leave an object free: "any JSON object" (OpenAI's json_object, a tool whose
+# parameters declare nothing)
+_ANY_OBJECT_KEYS = {"type", "title", "description", "$schema", "$comment", "properties",
+                    "additionalProperties"}  # fmt: skip
+
+
+def is_any_object(schema: Any) -> bool:
+    """Whether `schema` allows any JSON object: the automaton can only write a bounded subset of
+    it (free values as scalars), so it is built here, as a real recursive grammar."""
+    return (
+        isinstance(schema, dict)
+        and schema.get("type") == "object"
+        and set(schema) <= _ANY_OBJECT_KEYS
+        and not schema.get("properties")
+        and schema.get("additionalProperties", True) is True
+    )
+
+
 def check_llguidance(kind: str, grammar: str, tokenizer: Any) -> None:
     """Raises GrammarError with llguidance's own message if it refuses the grammar."""
     from llguidance import LLMatcher

@@ -30,17 +30,19 @@ from sgl_lite.backend.server.protocol import (
     parse,
     read_json,
 )
+from sgl_lite.backend.server.tool_formats import marker_is_special, resolve_format
 from sgl_lite.backend.server.tool_parser import Scan, ToolDeltas, message, scan
 from sgl_lite.backend.server.tools import (
-    JSON_OBJECT_REGEX,
     ToolPlan,
     chat_messages,
     chat_prompt,
     constraint,
     plan_tools,
+    template_renders_tools,
 )
 
 _IMPLEMENTED = set(ChatCompletionRequest.model_fields)
+ANY_OBJECT_SCHEMA = json.dumps({"type": "object"})
 
 
 def add_chat_routes(
@@ -54,6 +56,16 @@ def add_chat_routes(
     """Adds `/v1/chat/completions` to `app`."""
     engine = bridge.engine
     check_model = model_checker(served_model_name, accepted_names)
+    tokenizer = getattr(engine, "tokenizer", None)  # NOTE: test engines may have none
+    fmt = resolve_format(
+        getattr(engine.config, "tool_call_parser", "auto"),
+        tokenizer,
+        template_renders_tools(tokenizer),
+    )
+    # NOTE: a marker that is one special token (Mistral's [TOOL_CALLS]) is dropped by decoding
+    # with skip_special_tokens, so "auto" answers keep special tokens and shed the ending ones
+    keep_special = marker_is_special(fmt, tokenizer)
+    ending = tuple(t for t in getattr(tokenizer, "all_special_tokens", ()) if t)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
@@ -62,7 +74,7 @@ def add_chat_routes(
         check_model(req.model)
         if req.top_logprobs and not req.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+        plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, fmt)
         try:
             text = chat_prompt(engine.tokenizer, chat_messages(req.messages), plan)
         except Exception as exc:
@@ -74,6 +86,10 @@ def add_chat_routes(
         if max_tokens is None:  # until EOS: whatever room the context and the pool leave
             max_tokens = engine.max_new_tokens_room(len(ids))
         params = {**req.sampling_params(max_tokens), **_constraint(req, plan, engine)}
+        raw = plan.mode == "auto" and keep_special and req.skip_special_tokens
+        if raw:
+            params["skip_special_tokens"] = False
+        shed = ending if raw else ()
         sub = await bridge.submit(
             input_ids=ids,
             sampling_params=params,
@@ -88,7 +104,7 @@ def add_chat_routes(
         reply = _Reply("chatcmpl", "chat.completion", served_model_name, req.n)
         include_usage = req.stream_options and req.stream_options.include_usage
         if req.stream:
-            convert = reply.chat_chunk if plan.mode == "none" else _ToolChunks(plan, reply)
+            convert = reply.chat_chunk if plan.mode == "none" else _ToolChunks(plan, reply, shed)
             return await _streaming(sub, bridge, convert, reply, include_usage)
         results = await bridge.collect(sub, request)
         choices = []
@@ -97,7 +113,7 @@ def add_chat_routes(
             if plan.mode == "none":
                 msg: dict[str, Any] = {"role": "assistant", "content": r["text"]}
             else:
-                result = scan(plan, r["text"], final=True)
+                result = scan(plan, _shed(r["text"], shed), final=True)
                 msg = message(result)
                 finish = _tool_finish(finish, result)
             choices.append(
@@ -129,14 +145,13 @@ def _constraint(req: ChatCompletionRequest, plan: ToolPlan, engine: Any) -> dict
             400, f"give one of {' and '.join(given)}: each sets the output's format", param=given[0]
         )
     if plan.mode in ("required", "named"):
-        regex = constraint(plan, engine.builder.compiler)
-        return {"regex": regex} if regex is not None else {}
+        return constraint(plan, engine.builder.compiler)
     if fmt is None or fmt.type == "text":
         return {}
     if fmt.type == "json_object":
-        # NOTE: any JSON object nested at most three levels deep; a true any-JSON grammar needs a
-        # context-free backend, and outlines' regex for {"type": "object"} takes ~10 s to build.
-        return {"regex": JSON_OBJECT_REGEX}
+        # any JSON object, any depth: the engine builds this schema as a recursive grammar
+        # (llguidance) and checks the output parses to an object before it is returned
+        return {"json_schema": ANY_OBJECT_SCHEMA}
     if fmt.json_schema is None:
         raise ApiError(
             400,
@@ -153,18 +168,29 @@ def _tool_finish(finish: dict[str, Any], result: Scan) -> dict[str, Any]:
     return finish
 
 
+def _shed(text: str, ending: tuple[str, ...]) -> str:
+    """`text` without the special tokens (EOS, end of turn) that close it."""
+    while ending:
+        cut = next((t for t in ending if text.endswith(t)), None)
+        if cut is None:
+            return text
+        text = text[: -len(cut)]
+    return text
+
+
 class _ToolChunks:
     """Converts one request's engine chunks into chat chunks with content/tool-call deltas."""
 
-    def __init__(self, plan: ToolPlan, reply: _Reply) -> None:
-        self.plan, self.reply = plan, reply
+    def __init__(self, plan: ToolPlan, reply: _Reply, shed: tuple[str, ...] = ()) -> None:
+        self.plan, self.reply, self.shed = plan, reply, shed
         self.deltas: dict[int, ToolDeltas] = {}
 
     def __call__(self, chunk: dict, first: bool) -> dict[str, Any] | None:
         i, meta = chunk["index"], chunk["meta_info"]
         finish = _finish(meta)
         final = finish["finish_reason"] is not None
-        result = scan(self.plan, chunk["text"], final)
+        # only the last chunk ends with the EOS text (as the non-streamed answer does)
+        result = scan(self.plan, _shed(chunk["text"], self.shed if final else ()), final)
         delta = self.deltas.setdefault(i, ToolDeltas()).delta(result, final)
         start = self.reply._new_logprobs(chunk)
         if not delta and not first and not final:

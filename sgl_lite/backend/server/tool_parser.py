@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 import jsonschema
 
+from sgl_lite.backend.server.tool_formats import ToolFormat
 from sgl_lite.backend.server.tools import ToolPlan
 
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL_HEAD = re.compile(r'\s*\{"name": "([A-Za-z0-9_.-]+)", "arguments": ')
 
 
@@ -91,40 +91,71 @@ def json_value_end(text: str, start: int) -> int | None:
 
 
 def _scan_auto(plan: ToolPlan, text: str, final: bool) -> Scan:
-    """Free text with `<tool_call>{"name": ..., "arguments": ...}</tool_call>` blocks.
+    """Free text with blocks of calls in the plan's format (tool_formats.py).
 
-    A block that is not a known function with valid arguments stays in the content, as text.
-    While streaming, a tail that may become an opening tag and an unclosed block are held back.
+    A block holding anything but known functions with valid arguments stays in the content, as
+    text. While streaming, a tail that may become an opening marker and an unfinished block (no
+    close marker yet, or none in this format) are held back, so each call is sent whole.
     """
+    fmt = plan.format
     content: list[str] = []
     calls: list[Call] = []
     pos = 0
     while True:
-        opened = text.find(TOOL_CALL_OPEN, pos)
+        opened, body = _find_open(fmt, text, pos)
         if opened < 0:
             tail = text[pos:]
-            content.append(tail if final else tail[: _safe_len(tail, TOOL_CALL_OPEN)])
+            content.append(tail if final else tail[: _safe_len(tail, fmt.open)])
             break
         content.append(text[pos:opened])
-        closed = text.find(TOOL_CALL_CLOSE, opened)
+        closed = text.find(fmt.close, body) if fmt.close else -1
         if closed < 0 and not final:
             break
-        end = len(text) if closed < 0 else closed + len(TOOL_CALL_CLOSE)
-        body = text[opened + len(TOOL_CALL_OPEN) : closed if closed >= 0 else len(text)]
-        call = _parse_block(plan, body)
-        if call is not None and (plan.parallel or not calls):
-            calls.append(call)
+        end = len(text) if closed < 0 else closed + len(fmt.close or "")
+        found = _parse_values(plan, fmt, text[body : closed if closed >= 0 else len(text)])
+        room = len(found or []) if plan.parallel else max(0, 1 - len(calls))
+        if found and room:
+            calls.extend(found[:room])
         else:
             content.append(text[opened:end])
         pos = end
     return Scan("".join(content), calls)
 
 
-def _parse_block(plan: ToolPlan, body: str) -> Call | None:
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError:
-        return None
+def _find_open(fmt: ToolFormat, text: str, pos: int) -> tuple[int, int]:
+    """(where a block opens, where its calls start) at or after `pos`; (-1, -1) if none."""
+    opened = text.find(fmt.open, pos)
+    if fmt.bare_json and pos == 0:
+        brace = len(text) - len(text.lstrip())
+        if text[brace : brace + 1] == "{" and (opened < 0 or brace < opened):
+            return brace, brace
+    return (opened, opened + len(fmt.open)) if opened >= 0 else (-1, -1)
+
+
+def _parse_values(plan: ToolPlan, fmt: ToolFormat, body: str) -> list[Call] | None:
+    """The calls in a block: JSON call objects or lists of them, between separators; None
+    unless every value is a valid call."""
+    decoder = json.JSONDecoder()
+    calls: list[Call] = []
+    pos = 0
+    while True:
+        while pos < len(body) and body[pos] in fmt.separators:
+            pos += 1
+        if pos == len(body):
+            return calls or None
+        try:
+            value, pos = decoder.raw_decode(body, pos)
+        except json.JSONDecodeError:
+            return None
+        for obj in value if isinstance(value, list) else [value]:
+            call = _call_from(plan, obj)
+            if call is None:
+                return None
+            calls.append(call)
+
+
+def _call_from(plan: ToolPlan, obj: Any) -> Call | None:
+    """A call object (`arguments` or Llama's `parameters`) of a known function, else None."""
     if not isinstance(obj, dict) or obj.get("name") not in plan.schemas:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))

@@ -6,14 +6,18 @@ decides how the answer is generated:
 | tool_choice          | tools in prompt | generation                        | scanned as     |
 |----------------------|-----------------|-----------------------------------|----------------|
 | "none" (or no tools) | no              | free text                         | -              |
-| "auto"               | yes             | free text, calls as `<tool_call>` | blocks in text |
+| "auto"               | yes             | free text, calls in its format    | blocks in text |
 | "required"           | yes             | regex: a JSON list of calls       | that list      |
-| {"function": name}   | yes             | regex: that function's arguments  | the arguments  |
+| {"function": name}   | yes             | that function's arguments (*)     | the arguments  |
+
+"Its format" is the one the chat template teaches (`tool_formats.py`).
+(*) a regex, or for a free-form `parameters` (any JSON object) a real JSON grammar.
 
 So a required or named call always has arguments that match the function's `parameters`.
 Tools reach the model through the tokenizer's chat template when it renders `tools`, else
-through `DEFAULT_TOOL_PROMPT` in the system message (the Hermes/Qwen `<tool_call>` convention,
-which `auto_scan` parses either way). Parsing and streaming deltas live in `tool_parser.py`.
+through `DEFAULT_TOOL_PROMPT` in the system message (the Hermes/Qwen `<tool_call>` convention).
+"auto" answers are parsed in the format the template teaches (`tool_formats.py`, or
+`--tool-call-parser`); parsing and streaming deltas live in `tool_parser.py`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel
 
+from sgl_lite.backend.constrained.llguidance_backend import is_any_object
 from sgl_lite.backend.server.protocol import ApiError
+from sgl_lite.backend.server.tool_formats import FORMATS, ToolFormat, template_text
 
 ToolMode = Literal["none", "auto", "required", "named"]
 
@@ -42,8 +48,9 @@ To call a function, answer with one block per call, and nothing else in the bloc
 {{"name": <function name>, "arguments": <arguments as a JSON object>}}
 </tool_call>"""
 
-# `{"type": "object"}` with no properties: any JSON object. NOTE: outlines' regex for it takes
-# ~10 s to compile on SmolLM2's vocabulary; the bounded regex below compiles in ~1 s.
+# Any JSON object inside a required choice's regex, nested at most three deep. NOTE: outlines'
+# regex for it takes ~10 s to compile on SmolLM2's vocabulary; this one compiles in ~1 s. Alone
+# (json_object, a named free-form function) it is a JSON Schema the engine builds as a grammar.
 _WS = r"[ \n]{0,2}"
 _STR = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"'
 _NUM = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
@@ -69,6 +76,7 @@ class ToolPlan:
     schemas: dict[str, dict[str, Any]]  # function name -> its parameters schema
     named: str | None = None
     parallel: bool = True
+    format: ToolFormat = FORMATS["hermes"]  # how "auto" answers write calls
 
     @property
     def shown(self) -> bool:
@@ -76,9 +84,14 @@ class ToolPlan:
         return self.mode != "none"
 
 
-def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool) -> ToolPlan:
+def plan_tools(
+    tools: list[Any] | None,
+    tool_choice: Any,
+    parallel_tool_calls: bool,
+    fmt: ToolFormat = FORMATS["hermes"],
+) -> ToolPlan:
     """Checks `tools` and `tool_choice` (wire models or dicts; 400s name the field) and picks
-    the generation mode."""
+    the generation mode; `fmt` is the format "auto" answers are read in."""
     tools = [_plain(t) for t in tools or []]
     tool_choice = _plain(tool_choice)
     schemas: dict[str, dict[str, Any]] = {}
@@ -112,6 +125,7 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: b
         schemas=schemas,
         named=named,
         parallel=parallel_tool_calls,
+        format=fmt,
     )
 
 
@@ -142,8 +156,10 @@ _FREE_FORM_KEYS = {
 
 
 def arguments_regex(compiler: Any, schema: dict[str, Any], field: str) -> str:
-    """The regex a function's arguments are generated under (a 400 naming `field` if the
-    engine's JSON-schema support cannot express it)."""
+    """The regex a function's arguments are generated under inside a larger regex (a required
+    choice's list of calls; a 400 naming `field` if the engine's JSON-schema support cannot
+    express it). NOTE: a free-form object here is bounded (nested at most three deep); alone, as
+    a named choice, it is a real grammar (`arguments_constraint`)."""
     if set(schema) <= _FREE_FORM_KEYS and not schema.get("properties"):
         # an object with no declared properties: {} if no others are allowed, else any object
         if schema.get("additionalProperties") is False:
@@ -156,19 +172,27 @@ def arguments_regex(compiler: Any, schema: dict[str, Any], field: str) -> str:
         raise ApiError(400, f"{field}: {exc}", param=field) from None
 
 
-def constraint(plan: ToolPlan, compiler: Any) -> str | None:
-    """The regex a required or named tool choice generates under; None for free text.
+def arguments_constraint(compiler: Any, schema: dict[str, Any], field: str) -> dict[str, str]:
+    """The sampling param a named function's arguments are generated under: any JSON object as
+    a JSON Schema (the engine builds it as a recursive grammar, any depth), else a regex."""
+    if is_any_object(schema):
+        return {"json_schema": json.dumps(schema)}
+    return {"regex": arguments_regex(compiler, schema, field)}
 
-    Named: the function's arguments alone. Required: a JSON list of
+
+def constraint(plan: ToolPlan, compiler: Any) -> dict[str, str]:
+    """The constraint sampling param of a required or named tool choice; {} for free text.
+
+    Named: the function's arguments alone. Required: a regex for a JSON list of
     `{"name": ..., "arguments": ...}` objects (one element unless parallel_tool_calls).
     """
     names = list(plan.schemas)
     field = {name: f"tools[{i}].function.parameters" for i, name in enumerate(names)}
     if plan.mode == "named":
         assert plan.named is not None
-        return arguments_regex(compiler, plan.schemas[plan.named], field[plan.named])
+        return arguments_constraint(compiler, plan.schemas[plan.named], field[plan.named])
     if plan.mode != "required":
-        return None
+        return {}
     calls = "|".join(
         r"\{"
         + _literal(json.dumps({"name": name})[1:-1])
@@ -178,7 +202,7 @@ def constraint(plan: ToolPlan, compiler: Any) -> str | None:
         for name in names
     )
     more = rf"(, ({calls}))*" if plan.parallel else ""
-    return rf"\[({calls}){more}\]"
+    return {"regex": rf"\[({calls}){more}\]"}
 
 
 def _literal(text: str) -> str:
@@ -189,10 +213,7 @@ def _literal(text: str) -> str:
 # --- the prompt ------------------------------------------------------------------------------
 def template_renders_tools(tokenizer: Any) -> bool:
     """Whether the tokenizer's chat template reads a `tools` variable."""
-    template = getattr(tokenizer, "chat_template", None) or ""
-    if isinstance(template, dict):
-        template = " ".join(template.values())
-    return "tools" in template
+    return "tools" in template_text(tokenizer)
 
 
 def chat_messages(messages: list[Any]) -> list[dict[str, Any]]:
@@ -221,6 +242,8 @@ def chat_prompt(
     native = template_renders_tools(tokenizer)
     if native:
         kwargs = {"tools": list(plan.tools)} if plan.shown else {}
+        if plan.shown and plan.format.name == "phi4_mini":
+            messages = _phi_tools(messages, plan.tools)
         return tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
         )
@@ -236,6 +259,14 @@ def chat_prompt(
     return tokenizer.apply_chat_template(
         flat, tokenize=False, add_generation_prompt=add_generation_prompt
     )
+
+
+def _phi_tools(messages: list[dict[str, Any]], tools: tuple[dict[str, Any], ...]) -> list:
+    """Phi-4-mini's template reads the tools as a JSON string on the system message."""
+    listed = json.dumps([t["function"] for t in tools], ensure_ascii=False)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "tools": listed}, *messages[1:]]
+    return [{"role": "system", "content": "", "tools": listed}, *messages]
 
 
 def _flatten(message: dict[str, Any]) -> dict[str, str]:

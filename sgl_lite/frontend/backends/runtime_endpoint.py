@@ -38,12 +38,18 @@ _STREAMED_LOGPROB_KEYS = (
 
 
 class RuntimeEndpoint(Backend):
-    """`RuntimeEndpoint("http://localhost:30000", api_key=None)`."""
+    """`RuntimeEndpoint("http://localhost:30000", api_key=None, verify=None,
+    chat_template_name=None)`, SGLang's signature (`verify` is requests' TLS option)."""
+
+    # SGLang's flag for KV-level fork joins; sgl_lite joins forks by appending their text
+    support_concate_and_append = False
 
     def __init__(
         self,
         base_url: str,
         api_key: str | None = None,
+        verify: str | bool | None = None,
+        chat_template_name: str | None = None,
         *,
         chat_template: ChatTemplate | str | None = None,
         timeout: float = 600.0,
@@ -58,10 +64,15 @@ class RuntimeEndpoint(Backend):
         self._requests = requests
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
+        self.verify = verify
         self.timeout = (connect_timeout, timeout)
         self.retries, self.backoff = retries, backoff
         self.overload_retries, self.max_backoff = overload_retries, max_backoff
         self.model_info = self._call("GET", "/get_model_info")
+        if chat_template_name is not None:
+            if chat_template is not None:
+                raise TypeError("give chat_template_name or chat_template, not both")
+            chat_template = chat_template_name
         if isinstance(chat_template, str):
             chat_template = get_chat_template(chat_template)
         self.chat_template = chat_template or get_chat_template_by_model_path(
@@ -84,6 +95,7 @@ class RuntimeEndpoint(Backend):
                     stream=stream,
                     headers=self._headers(),
                     timeout=self.timeout,
+                    **({} if self.verify is None else {"verify": self.verify}),
                 )
             except requests.ConnectionError as exc:
                 if failures == self.retries:
@@ -161,6 +173,21 @@ class RuntimeEndpoint(Backend):
                     meta[key] = list(seen[key])
             yield GenResult(chunk["text"], meta)
 
+    def stream_texts(self, prompt: str, sampling_params: dict | None) -> Iterator[str]:
+        """The cumulative text of one streamed /generate (SGLang's Runtime.async_generate)."""
+        body = {"text": prompt, "sampling_params": sampling_params or {}, "stream": True}
+        resp = self._send("POST", "/generate", body, stream=True)
+        for line in resp.iter_lines(decode_unicode=True):
+            if not line or not line.startswith("data:"):
+                continue
+            data = line[len("data:") :].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(f"server error while streaming: {chunk['error']}")
+            yield chunk["text"]
+
     def cache_prefix(self, text: str) -> None:
         self._generate({"text": text, "sampling_params": {"max_new_tokens": 0}})
 
@@ -217,9 +244,43 @@ class RuntimeEndpoint(Backend):
         return ChoicesDecision(decision.decision, meta)
 
     # --- admin --------------------------------------------------------------------------------
-    def flush_cache(self) -> bool:
-        self._send("POST", "/flush_cache")
+    def flush_cache(self, empty_cache: bool = True) -> bool:
+        """Empties the server's prefix cache (`empty_cache` is sent as SGLang's client does)."""
+        self._send("POST", "/flush_cache", {"empty_cache": empty_cache})
         return True
+
+    def get_model_name(self) -> str:
+        """The served model's path (SGLang's name)."""
+        return self.model_info.get("model_path")
+
+    def get_chat_template(self) -> ChatTemplate:
+        """The chat template programs are rendered with."""
+        return self.chat_template
+
+    def commit_lazy_operations(self, state: Any) -> None:
+        """SGLang's prefill of a state's text so far: caches `state.text()` as a prefix."""
+        self.cache_prefix(state.text())
+
+    def fill_image(self, state: Any) -> None:
+        """Refused: the server serves text-only models."""
+        raise NotImplementedError(
+            "fill_image: sgl_lite serves text-only models; describe the image in text instead"
+        )
+
+    def concatenate_and_append(self, src_rids: Any, dst_rid: Any) -> None:
+        """Refused: forks are joined by text (`join("concate_and_append")`), not by KV."""
+        raise NotImplementedError(
+            "concatenate_and_append: sgl_lite joins forks by their text; use "
+            'forks.join("concate_and_append") and the radix cache reuses the shared prefix'
+        )
+
+    def start_profile(self) -> None:
+        """Refused: the server has no profiler endpoint."""
+        raise NotImplementedError(_NO_PROFILER)
+
+    def stop_profile(self) -> None:
+        """Refused: the server has no profiler endpoint."""
+        raise NotImplementedError(_NO_PROFILER)
 
     def get_server_info(self) -> dict[str, Any]:
         return self._call("GET", "/get_server_info")
@@ -227,6 +288,12 @@ class RuntimeEndpoint(Backend):
     def get_model_info(self) -> dict[str, Any]:
         """The server's /get_model_info answer (model path, ...), read at connect time."""
         return self.model_info
+
+
+_NO_PROFILER = (
+    "start_profile/stop_profile: sgl_lite has no profiler endpoint; profile the server process "
+    "with py-spy or torch.profiler, and read per-request timings from /metrics"
+)
 
 
 def _retry_after(resp: Any) -> float:

@@ -1,0 +1,129 @@
+"""Any JSON object, any depth: OpenAI's `response_format: {"type": "json_object"}` and a tool
+with free-form `parameters` are built as a recursive grammar (llguidance), whatever the engine's
+grammar backend, not as the automaton's bounded regex; what comes back parses to a dict."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from sgl_lite.backend.constrained import GrammarCompiler
+from sgl_lite.backend.server import create_app
+from sgl_lite.backend.server.chat import ANY_OBJECT_SCHEMA
+from tests.e2e.server_fixture import make_engine, serve
+from tests.e2e.test_constrained_support import smollm2_tokenizer
+
+pytestmark = pytest.mark.e2e
+
+DEEP = '{"a": {"b": {"c": {"d": {"e": {"f": [1, {"g": null}]}}}}}}'  # objects 7 deep
+FREE = {"type": "function", "function": {"name": "save", "parameters": {"type": "object"}}}
+
+
+def depth(value) -> int:
+    """How deep objects and arrays nest in a JSON value (a scalar is 0)."""
+    if isinstance(value, dict):
+        return 1 + max(map(depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(depth, value), default=0)
+    return 0
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = make_engine()
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    with serve(create_app(engine)) as base:
+        yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+@pytest.mark.parametrize("backend", ["outlines", "auto"])
+def test_any_object_schema_is_a_recursive_grammar_on_every_backend(backend):
+    compiler = GrammarCompiler(smollm2_tokenizer(), backend=backend)
+    grammar = compiler.compile("json_schema", ANY_OBJECT_SCHEMA)
+    assert grammar.backend == "llguidance"
+    tokenizer = compiler.tokenizer
+    guide = grammar.new_guide(constraint=("json_schema", ANY_OBJECT_SCHEMA))
+    for token in tokenizer.encode(DEEP, add_special_tokens=False):
+        assert guide.allowed_mask()[token], "a token of the 7-deep object was masked"
+        guide.advance(token)
+    assert guide.is_accepting() and guide.validate(DEEP) is None
+    # not an object at the top: the first token of an array is masked
+    fresh = grammar.new_guide(constraint=("json_schema", ANY_OBJECT_SCHEMA))
+    assert not fresh.allowed_mask()[tokenizer.encode("[", add_special_tokens=False)[0]]
+
+
+def test_a_deeply_nested_answer_is_allowed_through_the_engine(engine):
+    # Few-shot lines nested 6 deep: the model continues the pattern, which the old regex
+    # (objects at most three deep) could not produce.
+    shots = "".join(
+        f'{{"a": {{"b": {{"c": {{"d": {{"e": {{"f": {i}}}}}}}}}}}}}\n' for i in range(1, 4)
+    )
+    out = engine.generate(
+        shots,
+        {"json_schema": ANY_OBJECT_SCHEMA, "max_new_tokens": 60, "temperature": 0},
+    )
+    assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+    assert out["meta_info"]["constraint_violation"] is None
+    assert depth(json.loads(out["text"])) >= 5, out["text"]
+
+
+def test_json_object_outputs_always_parse(client):
+    # NOTE: llguidance gives no budget guarantee (see constrained/llguidance_backend.py): a
+    # sampled answer may run into max_tokens, and then says so (finish_reason "length", as
+    # OpenAI's JSON mode does); every answer that finishes parses to a dict.
+    finished = 0
+    reply = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Describe a house as a nested JSON object."}],
+        response_format={"type": "json_object"},
+        max_tokens=160,
+        temperature=0.8,
+        seed=0,
+        n=4,
+    )
+    for choice in reply.choices:
+        assert choice.finish_reason in ("stop", "length"), choice
+        if choice.finish_reason == "stop":
+            finished += 1
+            assert isinstance(json.loads(choice.message.content), dict)
+        else:
+            assert choice.message.content.startswith("{")
+    assert finished >= 2
+
+
+def test_a_cut_any_object_is_reported_not_passed_off(engine):
+    out = engine.generate(
+        "A JSON object with a long list of numbers:",
+        {"json_schema": ANY_OBJECT_SCHEMA, "max_new_tokens": 6, "temperature": 0},
+    )
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+    assert out["meta_info"]["constraint_violation"] is not None
+
+
+def test_free_form_tool_arguments_always_parse_as_an_object(client):
+    finished = 0
+    reply = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Save my address: 1 Main St, Springfield."}],
+        tools=[FREE],
+        tool_choice={"type": "function", "function": {"name": "save"}},
+        max_tokens=160,
+        temperature=0.8,
+        seed=0,
+        n=4,
+    )
+    for choice in reply.choices:
+        assert choice.finish_reason in ("tool_calls", "length"), choice
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "save"
+        if choice.finish_reason == "tool_calls":
+            finished += 1
+            assert isinstance(json.loads(call.function.arguments), dict)
+    assert finished >= 2
