@@ -334,28 +334,6 @@ def test_oversized_bodies_get_413(guarded_url):
     assert response.status_code == 413 and "limit" in response.json()["error"]["message"]
 
 
-def test_metrics_count_requests_tokens_and_latency(url):
-    post(url, "/generate", {"text": "Metrics please", "sampling_params": GREEDY})
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    values = {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
-    assert values["sgl_lite_prompt_tokens_total"] > 0
-    assert values["sgl_lite_generation_tokens_total"] > 0
-    assert values["sgl_lite_e2e_request_latency_seconds_count"] > 0
-    assert values["sgl_lite_time_to_first_token_seconds_count"] > 0
-    assert 'sgl_lite_http_requests_total{route="/generate",status="200"}' in values
-    for gauge in (
-        "sgl_lite_num_running_reqs",
-        "sgl_lite_num_waiting_reqs",
-        "sgl_lite_cache_hit_rate",
-        "sgl_lite_cached_tokens_total",
-    ):
-        assert gauge in values
-
-
 def test_64_concurrent_mixed_requests_complete_and_the_pool_returns(url, engine):
     before = flush(url)
 
