@@ -75,7 +75,7 @@ def test_a_timed_out_step_fails_its_program_only():
 
     backend = MockBackend(reply)
     slow, fast = prog.run_batch([{"word": "slow"}, {"word": "fast"}], backend=backend)
-    assert isinstance(slow.error(), StepTimeout) and isinstance(slow.error(), TimeoutError)
+    assert isinstance(slow.error(), sgl.StepTimeout) and isinstance(slow.error(), TimeoutError)
     assert slow.error().seconds == 1.5
     assert fast.error() is None and fast["b"] == "ok"
     assert sum("slow" in text for _, text, _ in backend.calls) == 1  # "b" never ran
