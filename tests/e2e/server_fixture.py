@@ -53,10 +53,11 @@ def engine_fixture(**kwargs: Any) -> Any:
     return engine
 
 
-def url_fixture(**app_kwargs: Any) -> Any:
-    """A module-scoped `url` fixture: `create_app(engine, **app_kwargs)` served on loopback."""
+def url_fixture(name: str = "url", **app_kwargs: Any) -> Any:
+    """A module-scoped fixture `name` (default "url"): `create_app(engine, **app_kwargs)`
+    served on loopback."""
 
-    @pytest.fixture(scope="module")
+    @pytest.fixture(scope="module", name=name)
     def url(engine: Any) -> Iterator[str]:
         from sgl_lite.backend.server import create_app
 
@@ -77,9 +78,7 @@ def free_port() -> int:
 def serve(app) -> Iterator[str]:
     """Runs `app` under uvicorn on 127.0.0.1 in a daemon thread; yields its base URL."""
     server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="off"
-        )
+        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="off")
     )
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
@@ -94,6 +93,11 @@ def serve(app) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def post(url: str, path: str, body: Any, **kw: Any) -> httpx.Response:
+    """POST `body` as JSON to `url + path` (a generation's timeout)."""
+    return httpx.post(f"{url}{path}", json=body, timeout=120, **kw)
 
 
 def server_info(url: str, **headers: str) -> dict:
