@@ -55,6 +55,9 @@ _ENGINE_COUNTERS = (
 )
 
 
+_NO_BUILDS = {"count": 0, "sum": 0.0, "failures": 0, "buckets": [["+Inf", 0]]}
+
+
 class _EngineCollector(Collector):
     """Gauges and counters of engine state, read from one `get_server_info()` per scrape."""
 
@@ -78,14 +81,14 @@ class _EngineCollector(Collector):
         yield _gauge(
             "sglang:num_used_tokens", "KV pool slots in use (not evictable cache)", labels, in_use
         )
-        yield _gauge("sglang:token_usage", "num_used_tokens / max_total_num_tokens", labels,
-                     in_use / total if total else 0.0)  # fmt: skip
+        usage = in_use / total if total else 0.0
+        yield _gauge("sglang:token_usage", "num_used_tokens / max_total_num_tokens", labels, usage)
         yield _gauge(
             "sgl_lite:kv_pool_used_tokens", "KV pool slots taken, cache included", labels, used
         )
-        stats = info.get("grammar_compiles")
-        if stats is not None:
-            yield from _grammar_families(stats, labels)
+        # None until the first constrained request builds the compiler: zero builds until then
+        stats = info.get("grammar_compiles") or _NO_BUILDS
+        yield from _grammar_families(stats, labels)
 
 
 def _gauge(name: str, doc: str, labels: list[str], value: float) -> GaugeMetricFamily:
@@ -173,9 +176,10 @@ class ServerMetrics:
             "sglang:time_to_first_token_seconds", "From arrival to the first token", TTFT_BUCKETS
         )
         self.inter_token = histogram(
-            "sglang:inter_token_latency_seconds", "Time per output token after the first",
+            "sglang:inter_token_latency_seconds",
+            "Time per output token after the first",
             ITL_BUCKETS,
-        )  # fmt: skip
+        )
         self.e2e_latency = histogram(
             "sglang:e2e_request_latency_seconds", "From arrival to the last token", E2E_BUCKETS
         )
