@@ -26,6 +26,7 @@ from sgl_lite.frontend.api import (
     user_begin,
     user_end,
 )
+from sgl_lite.frontend.backends.base import StepTimeout
 from sgl_lite.frontend.backends.engine import EngineBackend
 from sgl_lite.frontend.backends.openai import OpenAI
 from sgl_lite.frontend.backends.runtime import Runtime
@@ -89,6 +90,7 @@ __all__ = [
     "unconditional_likelihood_normalized",
     "Runtime",
     "RuntimeEndpoint",
+    "StepTimeout",
     "OpenAI",
     "Engine",
     "EngineBackend",

@@ -23,6 +23,7 @@ def engine_info(engine: Any) -> dict[str, Any]:
         "pool_free_tokens": pool.num_free,
         "pool_used_tokens": pool.num_slots - pool.num_free,
         "cached_tokens": cache.tree.cached_tokens,
+        "evictable_tokens": cache.tree.evictable_tokens,
         "evicted_tokens": cache.tree.evictions,
         "cache_hit_tokens": scheduler.cache_hit_tokens,
         "prompt_tokens_submitted": scheduler.prompt_tokens_admitted,
@@ -34,4 +35,5 @@ def engine_info(engine: Any) -> dict[str, Any]:
         "max_running_batch_seen": scheduler.max_running_seen,
         "preemptions": scheduler.preemptions,
         "forward_passes": engine.forward_passes,
+        "grammar_compiles": engine.builder.compile_stats,
     }

@@ -61,6 +61,12 @@ class RequestBuilder:
             )
         return self._compiler
 
+    @property
+    def compile_stats(self) -> dict[str, Any] | None:
+        """The grammar compiler's build statistics (`CompileStats.snapshot`); None before the
+        first constrained request built the compiler."""
+        return None if self._compiler is None else self._compiler.stats.snapshot()
+
     def max_new_tokens_room(self, prompt_len: int) -> int:
         """The most new tokens a prompt of `prompt_len` tokens may ask for."""
         return max(min(self.context_length, self.pool_size - 1) - prompt_len, 0)

@@ -17,8 +17,9 @@ from sgl_lite.common.regex import validate_regex
 from sgl_lite.frontend import ir
 from sgl_lite.frontend.choices import ChoicesMethod, as_choices_method, token_length_normalized
 from sgl_lite.frontend.program import SglFunction
+from sgl_lite.frontend.sampling import check_timeout
 
-_GEN_ARGS = ("name", *ir.SAMPLING_FIELDS, "choices", "choices_method")
+_GEN_ARGS = ("name", *ir.SAMPLING_FIELDS, "choices", "choices_method", "timeout")
 
 
 def function(
@@ -55,6 +56,7 @@ def gen(
     json_schema: str | dict | None = None,
     choices: Sequence[str] | None = None,
     choices_method: ChoicesMethod | None = None,
+    timeout: float | None = None,
     **unknown: Any,
 ) -> ir.Gen | ir.Select:
     """Generates text into variable `name`; every argument falls back to the run() defaults.
@@ -62,10 +64,12 @@ def gen(
     `choices=[...]` makes it a `select`. `dtype`, `regex` and `json_schema` constrain the output
     (at most one of them). `n=k` samples k alternatives: the variable holds the list of them and
     the program's text continues with the first (as SGLang). `stop_regex` stops generation at a
-    match of any of the patterns (trimmed from the text like a stop string).
+    match of any of the patterns (trimmed from the text like a stop string). `timeout` (seconds)
+    bounds the step: past it the request is aborted and the program fails with StepTimeout.
     """
     _reject_unknown("gen", unknown, _GEN_ARGS)
     _check_name(name)
+    timeout = check_timeout("gen", timeout)
     if choices is not None:
         return select(
             name, choices=choices, temperature=temperature or 0.0, choices_method=choices_method
@@ -118,7 +122,7 @@ def gen(
         regex=regex,
         json_schema=json_schema,
     )
-    return ir.Gen(name=name, sampling=sampling)
+    return ir.Gen(name=name, sampling=sampling, timeout=timeout)
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> ir.Gen:

@@ -312,7 +312,9 @@ class Executor:
             raise TypeError(f"unknown IR node {item!r}")
 
     def _gen(self, item: ir.Gen) -> None:
-        request = sampling.resolve(item.sampling, self.defaults, self.backend.chat_template)
+        request = sampling.resolve(
+            item.sampling, self.defaults, self.backend.chat_template, timeout=item.timeout
+        )
         prompt = self._t.prompt()
         n = sampling.alternatives(item.sampling, self.defaults)
         if n > 1:

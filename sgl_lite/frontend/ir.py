@@ -94,6 +94,7 @@ class Gen(Expr):
 
     name: str | None
     sampling: SamplingArgs = field(default_factory=SamplingArgs)
+    timeout: float | None = None  # seconds this step may take; None: run()'s, if any
 
 
 @dataclass(frozen=True, kw_only=True)

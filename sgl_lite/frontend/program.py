@@ -86,10 +86,12 @@ class SglFunction:
         **kwargs: Any,
     ) -> ProgramState:
         """Runs the program once; run() keywords (max_new_tokens, stop_regex, n, temperature,
-        ...) are the defaults of every gen() in it. With stream=True returns at once (use
-        text_iter). What the function returns is `state.ret_value`. `use_thread` is SGLang's
-        and changes nothing: the program's Python always runs in the caller's thread (or a
-        thread of its own when streaming) and its steps on a worker."""
+        ...) are the defaults of every gen() in it; `timeout=S` bounds each gen step to S
+        seconds (a gen's own timeout wins; past it the state's error() is a StepTimeout, a
+        TimeoutError). With stream=True returns at once (use text_iter). What the function
+        returns is `state.ret_value`. `use_thread` is SGLang's and changes nothing: the
+        program's Python always runs in the caller's thread (or a thread of its own when
+        streaming) and its steps on a worker."""
         defaults, arguments = self._split(kwargs)
         backend = _resolve_backend(backend)
         state = ProgramState(backend, defaults, stream=stream, name=self.name)
@@ -182,8 +184,9 @@ class SglFunction:
         return dict(zip(self.arg_names, arguments))
 
     def _split(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        run_args = {k: v for k, v in kwargs.items() if k in sampling.RUN_ARGS}
-        other = {k: v for k, v in kwargs.items() if k not in sampling.RUN_ARGS}
+        names = (*sampling.RUN_ARGS, *sampling.REQUEST_OPTIONS)
+        run_args = {k: v for k, v in kwargs.items() if k in names}
+        other = {k: v for k, v in kwargs.items() if k not in names}
         return sampling.run_defaults(run_args), other
 
     def _bind(

@@ -36,6 +36,8 @@ GLOBAL_DEFAULTS: dict[str, Any] = {
     "return_text_in_logprobs": None,
 }
 RUN_ARGS = tuple(GLOBAL_DEFAULTS)
+# run() keywords that are not sampling params: options of each request (gen() takes them too)
+REQUEST_OPTIONS = ("timeout",)
 
 # gen() spells max_new_tokens and min_new_tokens as OpenAI does (SGLang's frontend).
 _GEN_TO_RUN = {
@@ -56,12 +58,32 @@ def run_defaults(overrides: dict[str, Any]) -> dict[str, Any]:
     """The global defaults with the run() keywords that were given (not None) applied."""
     merged = dict(GLOBAL_DEFAULTS)
     merged.update({k: v for k, v in overrides.items() if v is not None})
+    if "timeout" in merged:
+        merged["timeout"] = check_timeout("run", merged["timeout"])
     return merged
 
 
-def resolve(args: ir.SamplingArgs, defaults: dict[str, Any], template: ChatTemplate) -> GenRequest:
-    """One gen()'s request: its own arguments over `defaults` (from `run_defaults`)."""
+def check_timeout(where: str, value: Any) -> float | None:
+    """A step timeout in seconds (None: none); a ValueError naming `where` unless > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}(timeout={value!r}) must be a number of seconds")
+    if not (value > 0 and value != float("inf")):
+        raise ValueError(f"{where}(timeout={value!r}) must be > 0 seconds")
+    return float(value)
+
+
+def resolve(
+    args: ir.SamplingArgs,
+    defaults: dict[str, Any],
+    template: ChatTemplate,
+    timeout: float | None = None,
+) -> GenRequest:
+    """One gen()'s request: its own arguments over `defaults` (from `run_defaults`); its
+    `timeout` over run()'s."""
     params = dict(defaults)
+    run_timeout = params.pop("timeout", None)
     given = args.given()
     for key, value in given.items():
         params[_GEN_TO_RUN.get(key, key)] = value
@@ -89,4 +111,5 @@ def resolve(args: ir.SamplingArgs, defaults: dict[str, Any], template: ChatTempl
         else logprob["logprob_start_len"],
         top_logprobs_num=logprob["top_logprobs_num"] or 0,
         return_text_in_logprobs=bool(logprob["return_text_in_logprobs"]),
+        timeout=timeout if timeout is not None else run_timeout,
     )

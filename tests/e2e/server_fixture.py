@@ -1,31 +1,74 @@
-"""Helpers for the server tests: a real uvicorn server on a free loopback port, in a thread.
+"""Helpers for the server tests: a real uvicorn server on a free loopback port, in a thread,
+and `python -m sgl_lite.launch_server` as a process.
 
-Each test module builds one Engine and serves it with `serve(create_app(engine, ...))`.
+In process: `url = url_fixture(**create_app_kwargs)` in a test module serves the `engine`
+fixture in scope there (the session's shared engine from tests/conftest.py, or the module's
+own `engine = engine_fixture(**engine_kwargs)` when it needs another configuration) for the
+module; `serve(create_app(engine, ...))` does the same inside one test. As a process:
+`running(*flags)` starts a server and yields it once /health answers; `launch(*flags)` runs one
+that must fail before serving.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import httpx
+import pytest
 import uvicorn
 
 from tests.conftest import NUM_THREADS
 
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "SGL_LITE_NUM_THREADS": str(NUM_THREADS)}
 
-def make_engine():
-    """The engine every server test module serves (small pool, test thread count)."""
+
+def make_engine(**kwargs: Any):
+    """An engine of its own for a server test (small pool, test thread count, `kwargs`)."""
     from sgl_lite.backend.engine import Engine
 
-    return Engine(num_threads=NUM_THREADS, max_total_tokens=8192)
+    return Engine(**{"num_threads": NUM_THREADS, "max_total_tokens": 8192, **kwargs})
 
 
-def _free_port() -> int:
+def engine_fixture(**kwargs: Any) -> Any:
+    """A module-scoped `engine` fixture of `make_engine(**kwargs)`, shut down after the module
+    (`engine = engine_fixture(request_timeout=5)`); without one, `engine` is the session's."""
+
+    @pytest.fixture(scope="module")
+    def engine() -> Iterator[Any]:
+        eng = make_engine(**kwargs)
+        yield eng
+        eng.shutdown()
+
+    return engine
+
+
+def url_fixture(name: str = "url", **app_kwargs: Any) -> Any:
+    """A module-scoped fixture `name` (default "url"): `create_app(engine, **app_kwargs)`
+    served on loopback."""
+
+    @pytest.fixture(scope="module", name=name)
+    def url(engine: Any) -> Iterator[str]:
+        from sgl_lite.backend.server import create_app
+
+        with serve(create_app(engine, **app_kwargs)) as base:
+            yield base
+
+    return url
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -35,9 +78,7 @@ def _free_port() -> int:
 def serve(app) -> Iterator[str]:
     """Runs `app` under uvicorn on 127.0.0.1 in a daemon thread; yields its base URL."""
     server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=_free_port(), log_level="warning", lifespan="off"
-        )
+        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="off")
     )
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
@@ -52,6 +93,11 @@ def serve(app) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def post(url: str, path: str, body: Any, **kw: Any) -> httpx.Response:
+    """POST `body` as JSON to `url + path` (a generation's timeout)."""
+    return httpx.post(f"{url}{path}", json=body, timeout=120, **kw)
 
 
 def server_info(url: str, **headers: str) -> dict:
@@ -88,3 +134,51 @@ def sse_events(lines: Iterator[str]) -> Iterator[dict | str]:
             continue
         data = line[len("data:") :].strip()
         yield data if data == "[DONE]" else json.loads(data)
+
+
+# --- launch_server as a process --------------------------------------------------------------
+def launch(*flags: str, timeout: float = 10) -> subprocess.CompletedProcess:
+    """Runs launch_server to completion (for flags that must fail before serving)."""
+    cmd = [sys.executable, "-m", "sgl_lite.launch_server", *flags]
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+
+
+class Server(NamedTuple):
+    """A launched server process: its loopback URL, its log file and the process."""
+
+    url: str
+    log: Path
+    proc: subprocess.Popen
+
+
+@contextlib.contextmanager
+def running(*flags: str, startup: float = 180) -> Iterator[Server]:
+    """Starts a server on a free port (binding 0.0.0.0); yields it once /health answers; stops
+    it (if it still runs) afterwards."""
+    port = free_port()
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"sgl_lite-launch-{port}.log"
+    cmd = [sys.executable, "-m", "sgl_lite.launch_server", "--model-path", "default"]
+    cmd += ["--host", "0.0.0.0", "--port", str(port), *flags]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited {proc.returncode}: {log.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no /health after {startup} s: {log.read_text()}")
+            time.sleep(0.25)
+        yield Server(url, log, proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.unlink(missing_ok=True)

@@ -19,8 +19,7 @@ import pytest
 import sglang_router  # noqa: F401  (the `cluster` extra; `make test` installs it: no skip)
 
 import sgl_lite as sgl
-from tests.e2e.server_fixture import _free_port
-from tests.e2e.test_launch_server_flags import ENV, running
+from tests.e2e.server_fixture import ENV, free_port, running
 
 WORKER_FLAGS = ("--max-total-tokens", "4096", "--num-threads", "1", "--log-level", "warning")
 # The router's defaults check health every 60 s and retry 3 times within 0.25 s. These drop a
@@ -41,10 +40,10 @@ ROUTER_FLAGS = (
 @contextlib.contextmanager
 def router(*workers: str) -> Iterator[str]:
     """`python -m sglang_router.launch_router` on a free loopback port; yields its URL."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--worker-urls", *workers, *ROUTER_FLAGS]
-    cmd += ["--prometheus-port", str(_free_port())]  # not the shared default (29000)
+    cmd += ["--prometheus-port", str(free_port())]  # not the shared default (29000)
     proc = subprocess.Popen(
         cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )

@@ -1,61 +1,37 @@
-"""The HTTP server's native (SGLang) API end to end: /generate, streaming, cache, admin, errors.
+"""The HTTP server's native (SGLang) API end to end, generation: /generate with one prompt, a
+list and n, token ids, prefill-only, logprobs, constraints, and 64 concurrent mixed requests.
 
-One engine and one real uvicorn server for the module; a second app on the same engine checks
-the API key and the body limit. Every scenario ends with the engine idle and its slots whole.
+The session's engine behind one real uvicorn server for the module (`url_fixture`); streaming,
+aborts and disconnects are in test_server_native_stream.py, refusals in
+test_server_native_errors.py. Every scenario ends with the engine idle and its slots whole.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 
 import httpx
 import pytest
 
-from sgl_lite.backend.server import create_app
-from tests.e2e import server_fixture as fx
-from tests.e2e.server_fixture import flush, serve, server_info, sse_events, wait_idle
+from tests.e2e.server_fixture import flush, post, server_info, url_fixture
 
 pytestmark = pytest.mark.e2e
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
-KEY = "sk-test-key"
+
+url = url_fixture()  # on the session's engine
 
 
-@pytest.fixture(scope="module")
-def engine():
-    eng = fx.make_engine()
-    yield eng
-    eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    with serve(create_app(engine)) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def guarded_url(engine):
-    with serve(
-        create_app(engine, api_key=KEY, served_model_name="smol", max_body_bytes=4096)
-    ) as base:
-        yield base
-
-
-def post(url: str, path: str, body, **kw) -> httpx.Response:
-    return httpx.post(f"{url}{path}", json=body, timeout=120, **kw)
-
-
-def test_info_endpoints_describe_model_pool_and_health(url):
+def test_info_endpoints_describe_model_pool_and_health(url, engine):
     assert httpx.get(f"{url}/health").status_code == 200
     for path in ("/get_model_info", "/model_info"):
         info = httpx.get(f"{url}{path}").json()
         assert info["is_generation"] is True and info["model_path"] and info["tokenizer_path"]
     for path in ("/get_server_info", "/server_info"):
         info = httpx.get(f"{url}{path}").json()
-        assert info["max_total_tokens"] == 8192 and info["schedule_policy"] == "lpm"
-        assert info["pool_free_tokens"] + info["pool_used_tokens"] >= 8192
+        pool = engine.config.max_total_tokens
+        assert info["max_total_tokens"] == pool and info["schedule_policy"] == "lpm"
+        assert info["pool_free_tokens"] + info["pool_used_tokens"] >= pool
         assert {"cached_tokens", "num_running_reqs", "cache_hit_rate"} <= set(info)
     assert httpx.get(f"{url}/health_generate", timeout=60).json() == {"status": "ok"}
     assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "default"
@@ -120,240 +96,6 @@ def test_logprob_fields_are_sglangs(url):
     assert len(outputs) == meta["completion_tokens"]
     assert all(len(top) == 2 for top in meta["output_top_logprobs"])
     assert outputs[0][1] == meta["output_top_logprobs"][0][0][1]  # greedy picks the top token
-
-
-def test_stream_sends_cumulative_text_and_only_new_logprobs(url):
-    body = {"text": "List three fruits:", "sampling_params": GREEDY, "return_logprob": True}
-    full = post(url, "/generate", body).json()
-    with httpx.stream(
-        "POST", f"{url}/generate", json={**body, "stream": True}, timeout=120
-    ) as response:
-        assert response.headers["content-type"].startswith("text/event-stream")
-        events = list(sse_events(response.iter_lines()))
-    assert events[-1] == "[DONE]"
-    chunks = events[:-1]
-    texts = [c["text"] for c in chunks]
-    assert all(b.startswith(a) for a, b in itertools.pairwise(texts))
-    assert texts[-1] == full["text"]
-    streamed = [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]]
-    assert [e[1] for e in streamed] == full["output_ids"]
-    assert chunks[-1]["meta_info"]["finish_reason"] == full["meta_info"]["finish_reason"]
-
-
-def test_stream_holds_back_text_that_may_become_a_stop_string(url):
-    body = {
-        "text": "Count: 1, 2, 3, 4, 5, 6,",
-        "sampling_params": {**GREEDY, "max_new_tokens": 12, "stop": [", 9"]},
-    }
-    full = post(url, "/generate", body).json()
-    with httpx.stream(
-        "POST", f"{url}/generate", json={**body, "stream": True}, timeout=120
-    ) as response:
-        texts = [e["text"] for e in sse_events(response.iter_lines()) if e != "[DONE]"]
-    assert all(full["text"].startswith(t) for t in texts) and texts[-1] == full["text"]
-
-
-def test_stop_regex_streams_only_final_text_and_reports_the_match(url):
-    body = {
-        "text": "Count: 1, 2, 3, 4, 5, 6,",
-        "sampling_params": {**GREEDY, "max_new_tokens": 12, "stop_regex": r"\b9\b"},
-    }
-    full = post(url, "/generate", body).json()
-    assert full["meta_info"]["finish_reason"] == {"type": "stop", "matched": "9"}
-    assert "9" not in full["text"] and full["text"].rstrip().endswith("8,")
-    with httpx.stream(
-        "POST", f"{url}/generate", json={**body, "stream": True}, timeout=120
-    ) as response:
-        texts = [e["text"] for e in sse_events(response.iter_lines()) if e != "[DONE]"]
-    assert all(full["text"].startswith(t) for t in texts) and texts[-1] == full["text"]
-    bad = post(url, "/generate", {**body, "sampling_params": {"stop_regex": "("}})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stop_regex"
-
-
-def test_abort_request_ends_a_running_stream(url, engine):
-    body = {
-        "text": "Tell me a long story.",
-        "rid": "abort-me",
-        "stream": True,
-        "sampling_params": {"max_new_tokens": 500, "ignore_eos": True, "temperature": 0},
-    }
-    with httpx.stream("POST", f"{url}/generate", json=body, timeout=120) as response:
-        events = sse_events(response.iter_lines())
-        next(events)
-        assert post(url, "/abort_request", {"rid": "abort-me"}).json()["running"] is True
-        last = [e for e in events if e != "[DONE]"][-1]
-    assert last["meta_info"]["finish_reason"]["type"] == "abort"
-    assert last["meta_info"]["completion_tokens"] < 500
-    wait_idle(url)
-    engine.check_integrity()
-
-
-def test_client_disconnect_mid_stream_aborts_and_frees_slots(url, engine):
-    before = flush(url)
-    body = {
-        "text": "Write an essay about the sea.",
-        "stream": True,
-        "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True, "temperature": 0},
-    }
-    with httpx.stream("POST", f"{url}/generate", json=body, timeout=120) as response:
-        events = sse_events(response.iter_lines())
-        next(events), next(events)
-    # leaving the block closed the connection; the request must stop well before 1000 tokens
-    info = wait_idle(url, timeout=20)
-    assert info["pool_used_tokens"] == info["cached_tokens"]  # nothing held by a request
-    after = flush(url)
-    assert after["pool_used_tokens"] == before["pool_used_tokens"]
-    engine.check_integrity()
-
-
-def test_client_leaving_a_plain_request_aborts_it(url, engine):
-    body = {
-        "text": "Write a very long poem.",
-        "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True, "temperature": 0},
-    }
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{url}/generate", json=body, timeout=httpx.Timeout(30, read=1.0))
-    wait_idle(url, timeout=20)
-    engine.check_integrity()
-
-
-def _bad_inputs() -> list[tuple[str, object, int, str | None]]:
-    cases = [
-        ("/generate", b"{not json", 400, "body"),
-        ("/generate", b"[1, 2]", 400, "body"),
-        ("/generate", {"sampling_params": GREEDY}, 400, "text"),
-        ("/generate", {"text": "a", "input_ids": [1, 2]}, 400, "text"),
-        ("/generate", {"text": 5}, 400, "text"),
-        ("/generate", {"text": "a", "stream": "yes"}, 400, "stream"),
-        ("/generate", {"text": []}, 400, "text"),
-        ("/generate", {"input_ids": [[]]}, 400, "input_ids"),
-        ("/generate", {"input_ids": [10**9]}, 400, "input_ids"),
-        ("/generate", {"text": "a", "sampling_params": {"temperature": -1}}, 400, "temperature"),
-        (
-            "/generate",
-            {"text": "a", "sampling_params": {"max_new_tokens": "x"}},
-            400,
-            "max_new_tokens",
-        ),
-        ("/generate", {"text": "a", "sampling_params": {"n": 0}}, 400, "n"),
-        ("/generate", {"text": "a", "sampling_params": {"top_p": 0}}, 400, "top_p"),
-        ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 10**6}}, 400, None),
-        ("/generate", {"text": "a", "sampling_params": {"bogus": 1}}, 400, "sampling_params"),
-        ("/generate", {"text": "a", "top_logprobs_num": -1}, 400, "top_logprobs_num"),
-        ("/generate", {"text": "a", "logprob_start_len": -2}, 400, "logprob_start_len"),
-        ("/abort_request", {}, 400, "rid"),
-        ("/v1/completions", {"model": "nope", "prompt": "a"}, 404, "model"),
-        ("/v1/completions", {"prompt": "a", "max_tokens": -1}, 400, "max_tokens"),
-        ("/v1/completions", {"max_tokens": 2}, 400, "prompt"),
-        ("/v1/chat/completions", {"messages": []}, 400, "messages"),
-        (
-            "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "a"}], "temperature": 3},
-            400,
-            "temperature",
-        ),
-        (
-            "/v1/chat/completions",
-            {"messages": [{"role": "wizard", "content": "a"}]},
-            400,
-            "messages.0.role",
-        ),
-        ("/generate", {"text": "a", "sampling_params": {"regex": "(unclosed"}}, 400, "regex"),
-        (
-            "/generate",
-            {"text": "a", "sampling_params": {"json_schema": "{not json"}},
-            400,
-            "json_schema",
-        ),
-        (
-            "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "a"}], "regex": "[a-"},
-            400,
-            "regex",
-        ),
-    ]
-    return cases
-
-
-def test_bad_input_gets_a_json_error_naming_the_field_and_never_reaches_the_engine(url, engine):
-    before = flush(url)
-    for path, body, status, param in _bad_inputs():
-        if isinstance(body, bytes):
-            response = httpx.post(
-                f"{url}{path}",
-                content=body,
-                timeout=30,
-                headers={"content-type": "application/json"},
-            )
-        else:
-            response = post(url, path, body)
-        assert response.status_code == status, (path, body, response.text)
-        error = response.json()["error"]
-        assert error["message"] and error["type"], error
-        if param is not None:
-            assert error["param"] == param, (body, error)
-    after = server_info(url)
-    assert after["pool_used_tokens"] == before["pool_used_tokens"]
-    assert after["prompt_tokens_submitted"] == before["prompt_tokens_submitted"]
-    good = post(url, "/generate", {"text": "Still fine?", "sampling_params": GREEDY})
-    assert good.status_code == 200
-    engine.check_integrity()
-
-
-def test_api_key_guards_everything_but_health(guarded_url):
-    assert httpx.get(f"{guarded_url}/health").status_code == 200
-    denied = httpx.get(f"{guarded_url}/get_model_info")
-    assert denied.status_code == 401 and denied.json()["error"]["type"] == "AuthenticationError"
-    wrong = post(guarded_url, "/generate", {"text": "a"}, headers={"Authorization": "Bearer no"})
-    assert wrong.status_code == 401
-    auth = {"Authorization": f"Bearer {KEY}"}
-    assert httpx.get(f"{guarded_url}/get_model_info", headers=auth).status_code == 200
-    models = httpx.get(f"{guarded_url}/v1/models", headers=auth).json()
-    assert models["data"][0]["id"] == "smol"
-    ok = post(
-        guarded_url,
-        "/generate",
-        {"text": "a", "sampling_params": {"max_new_tokens": 1}},
-        headers=auth,
-    )
-    assert ok.status_code == 200
-
-
-def test_oversized_bodies_get_413(guarded_url):
-    auth = {"Authorization": f"Bearer {KEY}"}
-    big = {"text": "x" * 8000}
-    assert post(guarded_url, "/generate", big, headers=auth).status_code == 413
-
-    def chunks():  # no Content-Length: the limit applies while reading
-        yield b'{"text": "'
-        for _ in range(8):
-            yield b"y" * 1000
-        yield b'"}'
-
-    response = httpx.post(f"{guarded_url}/generate", content=chunks(), headers=auth, timeout=30)
-    assert response.status_code == 413 and "limit" in response.json()["error"]["message"]
-
-
-def test_metrics_count_requests_tokens_and_latency(url):
-    post(url, "/generate", {"text": "Metrics please", "sampling_params": GREEDY})
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    values = {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
-    assert values["sgl_lite_prompt_tokens_total"] > 0
-    assert values["sgl_lite_generation_tokens_total"] > 0
-    assert values["sgl_lite_e2e_request_latency_seconds_count"] > 0
-    assert values["sgl_lite_time_to_first_token_seconds_count"] > 0
-    assert 'sgl_lite_http_requests_total{route="/generate",status="200"}' in values
-    for gauge in (
-        "sgl_lite_num_running_reqs",
-        "sgl_lite_num_waiting_reqs",
-        "sgl_lite_cache_hit_rate",
-        "sgl_lite_cached_tokens_total",
-    ):
-        assert gauge in values
 
 
 def test_64_concurrent_mixed_requests_complete_and_the_pool_returns(url, engine):

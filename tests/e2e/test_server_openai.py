@@ -9,24 +9,13 @@ import jsonschema
 import openai
 import pytest
 
-from sgl_lite.backend.server import create_app
-from tests.e2e.server_fixture import flush, make_engine, serve
+from tests.e2e.server_fixture import flush, url_fixture
 
 pytestmark = pytest.mark.e2e
 SERVED = "smollm2"
 
 
-@pytest.fixture(scope="module")
-def engine():
-    eng = make_engine()
-    yield eng
-    eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    with serve(create_app(engine, served_model_name=SERVED)) as base:
-        yield base
+url = url_fixture(served_model_name=SERVED)  # on the session's engine
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,12 @@ from __future__ import annotations
 from collections import Counter
 
 import httpx
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
 from sgl_lite.backend.server import create_app
-from tests.conftest import NUM_THREADS
-from tests.e2e.server_fixture import flush, serve
+from tests.e2e.server_fixture import engine_fixture, flush, serve, url_fixture
 
 MAX_TOKENS = 4
 CHECKS = [
@@ -31,19 +29,8 @@ CHECKS = [
 STATUSES: Counter[int] = Counter()  # what the fuzzing saw, to check it reached both sides
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from sgl_lite.backend.engine import Engine
-
-    eng = Engine(num_threads=NUM_THREADS, max_total_tokens=8192, request_timeout=5)
-    yield eng
-    eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    with serve(create_app(engine)) as base:
-        yield base
+engine = engine_fixture(request_timeout=5)  # schemathesis' long generations end in 5 s
+url = url_fixture()
 
 
 def _published_spec() -> dict:

@@ -79,7 +79,7 @@ def test_full_queue_answers_503_and_429_with_retry_after(served):
     assert int(openai.headers["retry-after"]) >= 1
     assert openai.json()["error"]["type"] == "RateLimitError"
     metrics = httpx.get(f"{url}/metrics").text
-    assert "sgl_lite_rejected_requests_total 2.0" in metrics
+    assert 'sgl_lite:rejected_requests_total{model_name="default"} 2.0' in metrics
 
     for t in threads:
         t.join(timeout=60)
@@ -153,7 +153,7 @@ def _fill_queue(url: str) -> list[threading.Thread]:
 
 def _rejected(url: str) -> float:
     for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("sgl_lite_rejected_requests_total "):
+        if line.startswith("sgl_lite:rejected_requests_total{"):
             return float(line.split()[1])
     raise AssertionError("no rejected-requests counter in /metrics")
 

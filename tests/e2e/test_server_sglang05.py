@@ -7,29 +7,18 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from sgl_lite.backend.server import create_app
 from sgl_lite.backend.server.compat import (
     GENERATE_NOOPS,
     GENERATE_REFUSED,
     SAMPLING_NOOPS,
     SAMPLING_REFUSED,
 )
-from tests.e2e.server_fixture import flush, make_engine, serve
+from tests.e2e.server_fixture import flush, url_fixture
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def engine():
-    eng = make_engine()
-    yield eng
-    eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    with serve(create_app(engine)) as base:
-        yield base
+url = url_fixture()  # on the session's engine
 
 
 def generate(url: str, **body) -> httpx.Response:

@@ -10,23 +10,17 @@ from __future__ import annotations
 import pytest
 import sglang as sgl  # installed by `make setup` (see above)
 
-from sgl_lite.backend.server import create_app
-from tests.e2e.server_fixture import flush, make_engine, serve, wait_idle
+from tests.e2e.server_fixture import flush, url_fixture, wait_idle
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def engine():
-    eng = make_engine()
-    yield eng
-    eng.shutdown()
+url = url_fixture()  # on the session's engine
 
 
 @pytest.fixture(scope="module")
-def backend(engine):
-    with serve(create_app(engine)) as url:
-        yield sgl.RuntimeEndpoint(url, chat_template_name="chatml")
+def backend(url):
+    return sgl.RuntimeEndpoint(url, chat_template_name="chatml")
 
 
 @sgl.function

@@ -4,69 +4,31 @@ connection is accepted, and the process exits 0."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.conftest import NUM_THREADS
-from tests.e2e.server_fixture import _free_port, server_info, sse_events
+from tests.e2e.server_fixture import Server, running, server_info, sse_events
 
-ROOT = Path(__file__).resolve().parents[2]
 SHUTDOWN_TIMEOUT = 3.0
 
 
 @pytest.fixture
-def server():
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sgl_lite.launch_server",
-            "--port",
-            str(port),
-            "--num-threads",
-            str(NUM_THREADS),
-            "--max-total-tokens",
-            "4096",
-            "--shutdown-timeout",
-            str(SHUTDOWN_TIMEOUT),
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.2)
-    yield proc, url
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+def server() -> Iterator[tuple[Server, str]]:
+    flags = ["--num-threads", str(NUM_THREADS), "--max-total-tokens", "4096"]
+    flags += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT), "--log-level", "warning"]
+    with running(*flags) as launched:
+        yield launched, launched.url
 
 
 def test_sigterm_finishes_short_requests_aborts_the_long_one_and_exits_0(server):
-    proc, url = server
+    launched, url = server
+    proc = launched.proc
     short: list[httpx.Response] = []
     events: list[dict | str] = []
     streaming = threading.Event()
@@ -100,7 +62,7 @@ def test_sigterm_finishes_short_requests_aborts_the_long_one_and_exits_0(server)
     proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(timeout=60)
-    assert proc.wait(timeout=60) == 0, proc.stdout.read()
+    assert proc.wait(timeout=60) == 0, launched.log.read_text()
     took = time.monotonic() - started
 
     assert len(short) == 3
@@ -117,10 +79,11 @@ def test_sigterm_finishes_short_requests_aborts_the_long_one_and_exits_0(server)
 
 
 def test_sigint_on_an_idle_server_exits_0_at_once(server):
-    proc, url = server
+    launched, url = server
+    proc = launched.proc
     started = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 0, proc.stdout.read()
+    assert proc.wait(timeout=30) == 0, launched.log.read_text()
     assert time.monotonic() - started < 10
 
 

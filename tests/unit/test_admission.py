@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from sgl_lite.backend.admission import Admission
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.errors import InvalidRequest, QueueFull
 from tests.unit.fakes import ByteTokenizer, SlowRunner
@@ -119,3 +120,73 @@ def test_abort_all_ends_every_request_with_the_message():
             reason = list(s)[-1]["meta_info"]["finish_reason"]
             assert reason == {"type": "abort", "message": "server shutting down"}
         assert_nothing_leaked(engine)
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Req:
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+
+
+def refused_retry_after(admission: Admission, rid: str = "late") -> int:
+    with pytest.raises(QueueFull) as info:
+        admission.admit([rid])
+    assert f"retry in {info.value.retry_after} s" in str(info.value)
+    return info.value.retry_after
+
+
+def test_retry_after_is_the_time_the_measured_drain_rate_needs_to_make_room():
+    clock = FakeClock()
+    admission = Admission(max_queued=4, default_timeout=None, clock=clock)
+    admission.admit([f"q{i}" for i in range(4)])
+    assert refused_retry_after(admission) == 1  # nothing measured yet: the lower bound
+    for i in range(2):  # two leave the queue in 4 s: 0.5 requests per second
+        clock.now += 2
+        admission.started([_Req(f"q{i}")])
+    admission.admit(["q4", "q5"])  # full again
+    assert admission.drain_rate() == pytest.approx(0.5)
+    assert refused_retry_after(admission) == 2  # one place at 0.5/s
+    with pytest.raises(QueueFull) as info:  # three places at 0.5/s
+        admission.admit(["a", "b", "c"])
+    assert info.value.retry_after == 6
+
+
+def test_retry_after_stays_within_1_and_60_seconds_and_decays_when_the_queue_stalls():
+    clock = FakeClock()
+    admission = Admission(max_queued=100, default_timeout=None, clock=clock)
+    admission.admit([f"q{i}" for i in range(100)])
+    for i in range(50):  # a fast queue: 50 requests in 0.5 s
+        clock.now += 0.01
+        admission.started([_Req(f"q{i}")])
+    admission.admit([f"r{i}" for i in range(50)])
+    assert refused_retry_after(admission) == 1  # 100/s: well under a second, rounded up to 1
+    clock.now += 59  # stalled for 59 s: the measured rate falls to 49 / 59.49 s
+    assert admission.drain_rate() == pytest.approx(49 / 59.49)
+    assert refused_retry_after(admission) == 2
+    with pytest.raises(QueueFull) as info:  # 50 places at 0.82/s: 61 s, capped at a minute
+        admission.admit([f"x{i}" for i in range(50)])
+    assert info.value.retry_after == 60
+    clock.now += 61  # nothing left within the window: no measurement, the lower bound again
+    assert admission.drain_rate() is None
+    assert refused_retry_after(admission) == 1
+
+
+def test_a_request_ending_while_queued_counts_as_room_made():
+    clock = FakeClock()
+    admission = Admission(max_queued=1, default_timeout=None, clock=clock)
+    for rid in ("a", "b"):
+        admission.admit([rid])
+        clock.now += 4
+        admission.ended(rid)  # timed out or aborted before it ran
+    admission.admit(["c"])
+    assert admission.drain_rate() == pytest.approx(1 / 4)
+    assert refused_retry_after(admission) == 4

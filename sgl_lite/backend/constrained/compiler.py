@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from typing import Any, Literal
 import jsonschema
 from outlines_core import Index
 
+from sgl_lite.backend.constrained.compile_stats import CompileStats
 from sgl_lite.backend.constrained.grammar import DEFAULT_MASK_CACHE_STATES, CompiledGrammar
 from sgl_lite.backend.constrained.regex_check import (
     GrammarError,
@@ -75,6 +77,7 @@ class GrammarCompiler:
         self._validated: OrderedDict[tuple[str, str], tuple[str, str] | GrammarError]
         self._validated = OrderedDict()
         self._lock = threading.Lock()
+        self.stats = CompileStats()  # every build's duration, for /metrics
 
     # -- validation: synchronous, fast ---------------------------------------------------
 
@@ -204,6 +207,7 @@ class GrammarCompiler:
         return self.submit(kind, pattern).result()
 
     def _build(self, key: tuple[str, str], future: Future[Any], timer: threading.Timer) -> None:
+        started = time.perf_counter()
         try:
             outcome: Any = self._build_grammar(*key)
         except GrammarError as exc:
@@ -211,6 +215,7 @@ class GrammarCompiler:
         except Exception as exc:
             outcome = GrammarError(f"cannot compile the pattern into an automaton: {exc}")
         timer.cancel()
+        self.stats.record(time.perf_counter() - started, not isinstance(outcome, GrammarError))
         with self._lock:
             if not future.done():
                 target = future

@@ -38,7 +38,7 @@ class Submission:
     channel: AsyncChannel
     collector: ResultCollector
     batched: bool  # the client sent a list
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=time.perf_counter)  # arrival, before tokenizing
 
     @property
     def single(self) -> bool:
@@ -96,6 +96,7 @@ class EngineBridge:
         for r in client_rids:
             self.running[r] = ()
         channel = AsyncChannel()
+        started = time.perf_counter()
         # NOTE: the engine always sees a list, so every result carries its output "index"
         try:
             sub = await self.call(
@@ -109,6 +110,7 @@ class EngineBridge:
             )
         except InvalidRequest as exc:
             self._release(client_rids)
+            self.metrics.observe_invalid(exc)
             raise error_for(exc, aliases) from None
         except QueueFull as exc:
             self._release(client_rids)
@@ -121,22 +123,17 @@ class EngineBridge:
         for r, group in zip(client_rids, sub.groups):
             self.running[r] = group
         collector = ResultCollector(sub, self.engine.abort)
-        return Submission(sub, client_rids, channel, collector, batched=not single)
+        return Submission(sub, client_rids, channel, collector, not single, started)
 
     async def stream(self, sub: Submission) -> AsyncGenerator[dict, None]:
         """Each output's result so far (cumulative, with "index"); leaving early aborts the
         rest."""
-        first_token_seen: set[int] = set()
+        tracker = self.metrics.track(sub.started, len(sub.rids))
         try:
             while not sub.collector.done:
                 i, chunk = sub.collector.add(await sub.channel.get())
                 chunk["index"] = i
-                meta = chunk["meta_info"]
-                if meta["completion_tokens"] and i not in first_token_seen:
-                    first_token_seen.add(i)
-                    self.metrics.observe_first_token(time.perf_counter() - sub.started)
-                if meta["finish_reason"] is not None:
-                    self.metrics.observe_finished(chunk)
+                tracker.output(i, chunk["meta_info"], sub.collector.reasons[i])
                 yield chunk
         finally:
             sub.collector.abort_unfinished()

@@ -102,8 +102,6 @@ def create_app(
         redoc_url=None,
         openapi_url="/openapi.json",
     )
-    metrics = ServerMetrics(engine)
-    bridge = EngineBridge(engine, metrics)
     config = engine.config
     model_path = (
         config.model_path
@@ -111,6 +109,8 @@ def create_app(
         else str(engine.model_folder)
     )
     name = served_model_name or config.served_model_name or config.model_path or "default"
+    metrics = ServerMetrics(engine, model_name=name)
+    bridge = EngineBridge(engine, metrics)
     app.state.engine, app.state.bridge, app.state.metrics = engine, bridge, metrics
     app.state.served_model_name = name
 

@@ -38,6 +38,28 @@ class GenRequest:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    timeout: float | None = None  # seconds the step may take (gen/run timeout=); None: no bound
+
+
+class StepTimeout(TimeoutError):
+    """A step ran past its `timeout` (gen(timeout=...) or run(timeout=...)); the backend
+    aborted it (the engine freed its slots). The program's `error()` is this exception."""
+
+    def __init__(self, seconds: float, detail: str = "") -> None:
+        super().__init__(
+            f"the step timed out after {seconds:g} s" + (f": {detail}" if detail else "")
+        )
+        self.seconds = seconds
+
+
+def timeout_of(meta: dict[str, Any], request: GenRequest) -> StepTimeout | None:
+    """The StepTimeout a finished result stands for: an abort of a request that had a timeout,
+    with the engine's "timed out" message; None otherwise."""
+    reason = (meta or {}).get("finish_reason") or {}
+    message = str(reason.get("message") or "") if isinstance(reason, dict) else ""
+    if request.timeout is None or reason.get("type") != "abort" or "timed out" not in message:
+        return None
+    return StepTimeout(request.timeout, message)
 
 
 class GenResult(NamedTuple):

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt
+from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt, timeout_of
 from sgl_lite.frontend.chat_template import ChatTemplate, from_tokenizer, get_chat_template
 from sgl_lite.frontend.choices import (
     ChoicesDecision,
@@ -49,17 +49,20 @@ class EngineBackend(Backend):
 
     # --- generation ---------------------------------------------------------------------------
     def _kwargs(self, request: GenRequest) -> dict[str, Any]:
-        return {
+        kwargs = {
             "sampling_params": dict(request.sampling_params),
             "return_logprob": request.return_logprob,
             "logprob_start_len": request.logprob_start_len,
             "top_logprobs_num": request.top_logprobs_num,
             "return_text_in_logprobs": request.return_text_in_logprobs,
         }
+        if request.timeout is not None:  # the engine aborts the request then, slots freed
+            kwargs["timeout"] = request.timeout
+        return kwargs
 
     def generate(self, prompt: Prompt, request: GenRequest) -> GenResult:
         out = self.engine.generate(prompt=prompt.text, **self._kwargs(request))
-        _raise_on_abort(out)
+        _raise_on_abort(out, request)
         return GenResult(out["text"], out["meta_info"])
 
     def generate_stream(self, prompt: Prompt, request: GenRequest) -> Iterator[GenResult]:
@@ -68,7 +71,7 @@ class EngineBackend(Backend):
             last = chunk
             yield GenResult(chunk["text"], chunk.get("meta_info", {}))
         if last is not None:
-            _raise_on_abort(last)
+            _raise_on_abort(last, request)
 
     def cache_prefix(self, text: str) -> None:
         self.engine.generate(prompt=text, sampling_params={"max_new_tokens": 0})
@@ -152,7 +155,9 @@ def _align(entries: list, ids: list[int], start: int) -> list:
     return entries
 
 
-def _raise_on_abort(out: dict) -> None:
+def _raise_on_abort(out: dict, request: GenRequest | None = None) -> None:
+    if request is not None and (timed_out := timeout_of(out.get("meta_info") or {}, request)):
+        raise timed_out
     reason = (out.get("meta_info") or {}).get("finish_reason") or {}
     if isinstance(reason, dict) and reason.get("type") == "abort":
         raise RuntimeError(f"the engine aborted the request: {reason.get('message')}")

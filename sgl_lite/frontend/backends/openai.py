@@ -8,12 +8,13 @@ where the server gives them; otherwise it fails with an error that says so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sgl_lite.common.sampling_names import OPENAI_SPELLINGS, SAMPLING_PARAM_NAMES
-from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt
+from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt, StepTimeout
 from sgl_lite.frontend.chat_template import ChatTemplate, get_chat_template_by_model_path
 from sgl_lite.frontend.choices import ChoicesDecision, ChoicesMethod
 
@@ -75,6 +76,8 @@ class OpenAI(Backend):
             args["extra_body"] = extra
         if request.return_logprob:
             args["logprobs"] = True if self.is_chat_model else max(request.top_logprobs_num, 1)
+        if request.timeout is not None:  # the client's per-request timeout (OpenAI has no field)
+            args["timeout"] = request.timeout
         return args
 
     def _use_chat(self, prompt: Prompt) -> bool:
@@ -90,6 +93,10 @@ class OpenAI(Backend):
         return True
 
     def generate(self, prompt: Prompt, request: GenRequest) -> GenResult:
+        with _step_timeout(request):
+            return self._generate(prompt, request)
+
+    def _generate(self, prompt: Prompt, request: GenRequest) -> GenResult:
         args = self._args(request)
         if self._use_chat(prompt):
             resp = self.client.chat.completions.create(
@@ -102,6 +109,10 @@ class OpenAI(Backend):
         return GenResult(text, _meta(resp))
 
     def generate_stream(self, prompt: Prompt, request: GenRequest) -> Iterator[GenResult]:
+        with _step_timeout(request):
+            yield from self._generate_stream(prompt, request)
+
+    def _generate_stream(self, prompt: Prompt, request: GenRequest) -> Iterator[GenResult]:
         args = self._args(request)
         chat = self._use_chat(prompt)
         if chat:
@@ -176,3 +187,14 @@ def _meta(resp: Any) -> dict[str, Any]:
         "cached_tokens": getattr(details, "cached_tokens", None) or 0,
         "finish_reason": {"type": reason} if reason else None,
     }
+
+
+@contextlib.contextmanager
+def _step_timeout(request: GenRequest) -> Iterator[None]:
+    """The openai client's timeout error as the frontend's StepTimeout."""
+    try:
+        yield
+    except Exception as exc:
+        if request.timeout is not None and type(exc).__name__ == "APITimeoutError":
+            raise StepTimeout(request.timeout, str(exc)) from exc
+        raise

@@ -54,7 +54,9 @@ class Runtime:
 
     def run(self, *exprs: Any, **run_kwargs: Any) -> Any:
         """Runs an anonymous program made of `exprs`; returns its state once done."""
-        unknown = [k for k in run_kwargs if k not in sampling.RUN_ARGS]
+        unknown = [
+            k for k in run_kwargs if k not in (*sampling.RUN_ARGS, *sampling.REQUEST_OPTIONS)
+        ]
         if unknown:
             raise TypeError(
                 f"Runtime.run(): unknown argument(s) {unknown}; it takes the "

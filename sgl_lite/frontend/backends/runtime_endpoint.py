@@ -2,7 +2,10 @@
 
 Works against an sgl_lite server or a real SGLang server. Connection errors are retried with
 exponential backoff, and so is an overloaded server's 429 / 503 (waiting at least its
-Retry-After, at most `max_backoff`); every request has a timeout. The server tokenizes, so select
+Retry-After, at most `max_backoff`); every request has a timeout. A step with its own `timeout`
+(gen/run timeout=) sends the time it has left as the request's `timeout` field, so the server
+aborts it and frees its slots, and bounds the HTTP call and the overload retries by the same
+deadline; either way the step raises StepTimeout. The server tokenizes, so select
 finds the choice's tokens by comparing the prefix's token ids with the joint tokenization's.
 """
 
@@ -14,7 +17,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sgl_lite.common.sequences import common_prefix_len
-from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt
+from sgl_lite.frontend.backends.base import (
+    Backend,
+    GenRequest,
+    GenResult,
+    Prompt,
+    StepTimeout,
+    timeout_of,
+)
 from sgl_lite.frontend.chat_template import (
     ChatTemplate,
     get_chat_template,
@@ -27,6 +37,7 @@ from sgl_lite.frontend.choices import (
 )
 
 _WINDOW = 8  # tokens before the prefix's end that a choice's first token may merge into
+_ANSWER_GRACE_S = 5.0  # past a step's deadline: time for the server's own abort answer to arrive
 
 
 _STREAMED_LOGPROB_KEYS = (
@@ -39,7 +50,9 @@ _STREAMED_LOGPROB_KEYS = (
 
 class RuntimeEndpoint(Backend):
     """`RuntimeEndpoint("http://localhost:30000", api_key=None, verify=None,
-    chat_template_name=None)`, SGLang's signature (`verify` is requests' TLS option)."""
+    chat_template_name=None)`, SGLang's signature (`verify` is requests' TLS option);
+    `timeout` bounds each HTTP read, `retries` / `overload_retries` the resends, `answer_grace`
+    how long past a step's own deadline the server's abort answer is awaited."""
 
     # SGLang's flag for KV-level fork joins; sgl_lite joins forks by appending their text
     support_concate_and_append = False
@@ -58,6 +71,7 @@ class RuntimeEndpoint(Backend):
         backoff: float = 0.5,
         overload_retries: int = 5,
         max_backoff: float = 30.0,
+        answer_grace: float = _ANSWER_GRACE_S,
     ) -> None:
         import requests  # NOTE: on use, so `import sgl_lite` does not load it
 
@@ -68,6 +82,7 @@ class RuntimeEndpoint(Backend):
         self.timeout = (connect_timeout, timeout)
         self.retries, self.backoff = retries, backoff
         self.overload_retries, self.max_backoff = overload_retries, max_backoff
+        self.answer_grace = answer_grace  # past a step's deadline, for the server's abort answer
         self.model_info = self._call("GET", "/get_model_info")
         if chat_template_name is not None:
             if chat_template is not None:
@@ -83,10 +98,25 @@ class RuntimeEndpoint(Backend):
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def _send(self, method: str, path: str, body: Any = None, stream: bool = False) -> Any:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        stream: bool = False,
+        step_timeout: float | None = None,
+    ) -> Any:
         requests = self._requests
         failures = overloads = 0
+        deadline = None if step_timeout is None else time.monotonic() + step_timeout
         while True:
+            http_timeout = self.timeout
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StepTimeout(step_timeout, "no answer from the server before the deadline")
+                body = {**body, "timeout": left}  # the server aborts it then, freeing its slots
+                http_timeout = (self.timeout[0], min(self.timeout[1], left + self.answer_grace))
             try:
                 resp = requests.request(
                     method,
@@ -94,9 +124,13 @@ class RuntimeEndpoint(Backend):
                     json=body,
                     stream=stream,
                     headers=self._headers(),
-                    timeout=self.timeout,
+                    timeout=http_timeout,
                     **({} if self.verify is None else {"verify": self.verify}),
                 )
+            except requests.ReadTimeout as exc:
+                if step_timeout is None:
+                    raise
+                raise StepTimeout(step_timeout, "the server did not answer in time") from exc
             except requests.ConnectionError as exc:
                 if failures == self.retries:
                     raise ConnectionError(
@@ -111,6 +145,11 @@ class RuntimeEndpoint(Backend):
                 # The server is overloaded: nothing was queued, so the request is safe to resend.
                 wait = min(max(_retry_after(resp), self._delay(overloads)), self.max_backoff)
                 resp.close()
+                if deadline is not None and time.monotonic() + wait >= deadline:
+                    raise StepTimeout(
+                        step_timeout,
+                        f"the server was overloaded (HTTP {resp.status_code}) past the deadline",
+                    )
                 time.sleep(wait)
                 overloads += 1
                 continue
@@ -126,11 +165,7 @@ class RuntimeEndpoint(Backend):
         return min(self.backoff * 2**attempt, self.max_backoff)
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
-        resp = self._send(method, path, body)
-        try:
-            return resp.json()
-        except ValueError:
-            return resp.text
+        return _json(self._send(method, path, body))
 
     def _generate(self, body: dict[str, Any]) -> Any:
         return self._call("POST", "/generate", body)
@@ -147,13 +182,28 @@ class RuntimeEndpoint(Backend):
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, prompt: Prompt, request: GenRequest) -> GenResult:
-        out = self._generate(self._body(prompt, request))
-        return GenResult(out["text"], out.get("meta_info", {}))
+        body = self._body(prompt, request)
+        out = _json(self._send("POST", "/generate", body, step_timeout=request.timeout))
+        meta = out.get("meta_info", {})
+        if (timed_out := timeout_of(meta, request)) is not None:
+            raise timed_out
+        return GenResult(out["text"], meta)
 
     def generate_stream(self, prompt: Prompt, request: GenRequest) -> Iterator[GenResult]:
-        resp = self._send(
-            "POST", "/generate", {**self._body(prompt, request), "stream": True}, stream=True
-        )
+        body = {**self._body(prompt, request), "stream": True}
+        resp = self._send("POST", "/generate", body, stream=True, step_timeout=request.timeout)
+        last: GenResult | None = None
+        try:
+            for last in self._stream_results(resp):
+                yield last
+        except self._requests.RequestException as exc:  # a read timeout, mid-stream
+            if request.timeout is None:
+                raise
+            raise StepTimeout(request.timeout, f"the stream stalled ({exc})") from exc
+        if last is not None and (timed_out := timeout_of(last.meta_info, request)) is not None:
+            raise timed_out
+
+    def _stream_results(self, resp: Any) -> Iterator[GenResult]:
         # NOTE: SGLang's server streams only the new entries of each logprob list; the Backend
         # protocol reports them cumulatively (the last result has the full meta).
         seen: dict[str, list] = {}
@@ -294,6 +344,14 @@ _NO_PROFILER = (
     "start_profile/stop_profile: sgl_lite has no profiler endpoint; profile the server process "
     "with py-spy or torch.profiler, and read per-request timings from /metrics"
 )
+
+
+def _json(resp: Any) -> Any:
+    """The response's JSON body (its text when it is not JSON)."""
+    try:
+        return resp.json()
+    except ValueError:
+        return resp.text
 
 
 def _retry_after(resp: Any) -> float:
