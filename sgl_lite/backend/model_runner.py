@@ -20,12 +20,17 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.decode_graphs import DecodeGraphs
 from sgl_lite.backend.decode_kv import DecodeKV, KVView
 from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_loader import gguf_source, load_config, load_state_dict
+from sgl_lite.backend.model_loader import (
+    ModelLoadError,
+    gguf_source,
+    load_config,
+    load_state_dict,
+)
+from sgl_lite.backend.models import build_model
 from sgl_lite.backend.models.llama import (
     AttentionGroup,
     AttentionMetadata,
     LlamaForCausalLM,
-    RotaryEmbedding,
     head_dim_of,
 )
 from sgl_lite.backend.weights.cpu import cpu_caps, time_packed
@@ -78,11 +83,11 @@ class ModelRunner:
             model_max = min(model_max, window)
         self.context_length = min(config.context_length or model_max, model_max)
         with torch.device("meta"):  # no random init: every weight is loaded below
-            model = LlamaForCausalLM(self.hf_config, self.context_length)
-        model.rope = RotaryEmbedding(
-            self.hf_config, head_dim_of(self.hf_config), self.context_length
-        )
-        model.load_hf_state_dict(load_state_dict(model_folder))
+            model = build_model(self.hf_config, self.context_length)  # RoPE tables on the CPU
+        try:
+            model.load_hf_state_dict(load_state_dict(model_folder))
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{model_folder}: {exc}") from exc
         self.format, pack_note = self._pack(model, model_folder, config)
         self.model = model.to(device=self.device, dtype=self.format.dense_dtype).eval()
         self.model.rope.to(torch.float32)  # position tables stay exact whatever the weight dtype
