@@ -84,9 +84,10 @@ class ModelRunner:
         self.context_length = min(config.context_length or model_max, model_max)
         with torch.device("meta"):  # no random init: every weight is loaded below
             model = build_model(self.hf_config, self.context_length)  # RoPE tables on the CPU
+        state = load_state_dict(model_folder)
         try:
-            model.load_hf_state_dict(load_state_dict(model_folder))
-        except ModelLoadError as exc:
+            model.load_hf_state_dict(state)
+        except ModelLoadError as exc:  # it names the tensor; add the folder
             raise ModelLoadError(f"{model_folder}: {exc}") from exc
         self.format, pack_note = self._pack(model, model_folder, config)
         self.model = model.to(device=self.device, dtype=self.format.dense_dtype).eval()
