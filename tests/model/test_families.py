@@ -13,8 +13,10 @@ from transformers import (
     AutoModelForCausalLM,
     GraniteConfig,
     LlamaConfig,
+    MistralConfig,
     Olmo2Config,
     Phi3Config,
+    Qwen2Config,
     Qwen3Config,
 )
 
@@ -69,6 +71,8 @@ CONFIGS = {
     "llama_linear": lambda: LlamaConfig(
         **TINY, rope_scaling={"rope_type": "linear", "factor": 2.0}
     ),
+    "mistral": lambda: MistralConfig(**TINY, sliding_window=128),
+    "qwen2": lambda: Qwen2Config(**TINY, tie_word_embeddings=True),
     "qwen3": lambda: Qwen3Config(**TINY, head_dim=24, tie_word_embeddings=True),
     "olmo2": lambda: Olmo2Config(**TINY),
     "granite": lambda: GraniteConfig(

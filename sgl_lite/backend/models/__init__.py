@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from torch import nn
 from transformers import PretrainedConfig
 
 from sgl_lite.backend.models.checkpoint import ModelLoadError
@@ -22,7 +21,7 @@ from sgl_lite.backend.models.spec import LLAMA, DecoderSpec
 class Family(NamedTuple):
     """How one `model_type` is built: the model class and the spec it is built with."""
 
-    model: type[nn.Module]
+    model: type[LlamaForCausalLM]  # the shared decoder, or a subclass with a block of its own
     spec: DecoderSpec
 
 
@@ -55,7 +54,7 @@ def family_of(config: PretrainedConfig) -> Family:
     return family
 
 
-def build_model(config: PretrainedConfig, max_positions: int) -> nn.Module:
+def build_model(config: PretrainedConfig, max_positions: int) -> LlamaForCausalLM:
     """The model for `config` with RoPE tables up to `max_positions` (weights not loaded).
 
     Safe under `torch.device("meta")`: the position tables are always computed on the CPU.

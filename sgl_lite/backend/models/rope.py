@@ -59,6 +59,9 @@ def _inv_freq(config: PretrainedConfig, head_dim: int, params: dict, max_positio
 class RotaryEmbedding(nn.Module):
     """Precomputed cos/sin tables (P, R) for every position; R = rotated dims of a head."""
 
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
         params = rope_parameters(config)
