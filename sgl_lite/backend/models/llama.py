@@ -108,14 +108,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, pool: KVPool) -> torch.Tensor:
         """x: (T, hidden) → (T, hidden)."""
         T, heads, qk_heads = x.shape[0], self.num_heads, self.num_heads + self.num_kv_heads
-        qkv = self.qkv_proj.run(x, meta.use_int)  # (T, (H + 2 * Hkv) * D)
-        if self.qk_norm is not None:
-            qk = self.rope(self._normed_qk(qkv), meta.cos, meta.sin)
-            qkv = qkv.view(T, qk_heads + self.num_kv_heads, -1)
-        else:
-            qkv = qkv.view(T, qk_heads + self.num_kv_heads, -1)
-            # q and k heads are adjacent in the fused output: one RoPE call rotates both.
-            qk = self.rope(qkv[:, :qk_heads], meta.cos, meta.sin)  # (T, H + Hkv, D)
+        flat = self.qkv_proj.run(x, meta.use_int)  # (T, (H + 2 * Hkv) * D)
+        qkv = flat.view(T, qk_heads + self.num_kv_heads, -1)  # (T, H + 2 * Hkv, D)
+        # q and k heads are adjacent in the fused output: one RoPE call rotates both.
+        qk = qkv[:, :qk_heads] if self.qk_norm is None else self._normed_qk(flat)
+        qk = self.rope(qk, meta.cos, meta.sin)  # (T, H + Hkv, D)
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]
         pool.write(self.layer_id, meta.out_slots, k, v)
 
