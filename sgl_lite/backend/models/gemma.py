@@ -36,6 +36,7 @@ from sgl_lite.backend.models.llama import (
     apply_rope,
     head_dim_of,
 )
+from sgl_lite.backend.models.spec import LLAMA, DecoderSpec
 from sgl_lite.backend.weights.linear import Linear
 
 GEMMA_MODEL_TYPES = ("gemma", "gemma2", "gemma3_text")
@@ -134,6 +135,8 @@ class GemmaAttention(Attention):
 class GemmaMLP(MLP):
     """down(act(gate(x)) * up(x)) with the config's activation (GELU-tanh in every release)."""
 
+    ACTIVATIONS = ()  # any of transformers' activations, by the config's name
+
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__(config)
         name = getattr(config, "hidden_activation", None) or config.hidden_act
@@ -182,14 +185,13 @@ class GemmaForCausalLM(LlamaForCausalLM):
     # Windows are per layer, in the masks: the runner must not bound the context by them.
     sliding_window_in_mask = True
 
-    def __init__(self, config: PretrainedConfig, max_positions: int) -> None:
+    def __init__(
+        self, config: PretrainedConfig, max_positions: int, spec: DecoderSpec = LLAMA
+    ) -> None:
         if getattr(config, "use_bidirectional_attention", False):
             raise ValueError("config field use_bidirectional_attention=True is not supported")
-        # Llama's embeddings, final norm and head; its layers and RoPE are replaced below.
-        super().__init__(config, max_positions)
-        self.layers = nn.ModuleList(
-            GemmaDecoderLayer(config, i) for i in range(config.num_hidden_layers)
-        )
+        # Llama's embeddings, final norm and head with Gemma's layers; RoPE is replaced below.
+        super().__init__(config, max_positions, spec)
         self.norm = nn.Parameter(torch.zeros(config.hidden_size))
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
         types = layer_types(config)
@@ -206,6 +208,10 @@ class GemmaForCausalLM(LlamaForCausalLM):
             self.register_buffer(
                 "embed_scale", torch.tensor(config.hidden_size**0.5), persistent=False
             )
+
+    def make_layer(self, config: PretrainedConfig, layer_id: int, spec: DecoderSpec) -> nn.Module:
+        """Gemma's own block (its norms, GELU MLP and soft-capped attention)."""
+        return GemmaDecoderLayer(config, layer_id)
 
     @torch.inference_mode()
     def forward(

@@ -1,4 +1,7 @@
-"""Llama-family forward pass (Llama, Mistral, Qwen2) in plain torch over the token-slot KV pool.
+"""The shared decoder forward pass in plain torch over the token-slot KV pool.
+
+Llama, Mistral and Qwen2 run it as it is; Qwen3, OLMo 2, Granite and Phi-3 differ from it only
+by the switches of their `DecoderSpec` (spec.py; the registry is `models/__init__.py`).
 
 One call serves a mixed batch: prefill chunks of several requests, each attending to its cached
 prefix plus itself causally, and single decode tokens. Tokens of all requests are flattened to
@@ -14,14 +17,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from sgl_lite.backend.decode_kv import KVView
 from sgl_lite.backend.kv_pool import KVPool
+from sgl_lite.backend.models.checkpoint import ModelLoadError, WeightSource, load_checked
+from sgl_lite.backend.models.rope import (  # noqa: F401  (re-exported: the public rope names)
+    SUPPORTED_ROPE_TYPES,
+    RotaryEmbedding,
+    apply_partial_rope,
+    apply_rope,
+    rope_parameters,
+    rotary_dim_of,
+)
+from sgl_lite.backend.models.spec import LLAMA, DecoderSpec
 from sgl_lite.backend.weights.linear import Linear, dense_as_kernel
 from sgl_lite.backend.weights.quant import PackedWeight
-
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,63 +66,11 @@ class AttentionMetadata:
     """
 
     positions: torch.Tensor  # (T,) absolute position of each new token
-    cos: torch.Tensor  # (T, 1, D) RoPE tables at those positions, looked up once for all layers
-    sin: torch.Tensor  # (T, 1, D)
+    cos: torch.Tensor  # (T, 1, R) RoPE tables at those positions, looked up once for all layers
+    sin: torch.Tensor  # (T, 1, R); R = rotated dims of a head (D unless partial rotary)
     out_slots: torch.Tensor  # (T,) pool slot that receives each new token's K/V
     groups: tuple[AttentionGroup, ...]
     use_int: bool = False  # small pass: linears run their packed int kernels where they have one
-
-
-def rope_parameters(config: PretrainedConfig) -> dict:
-    """The config's RoPE settings, whichever name this transformers version gives them."""
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    params = dict(params or {})
-    params.setdefault("rope_type", params.get("type", "default"))
-    params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
-    return params
-
-
-class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin tables for every position up to the context length."""
-
-    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
-        super().__init__()
-        rope_type = rope_parameters(config)["rope_type"]
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(
-                f"unsupported rope_scaling type {rope_type!r}; supported: "
-                f"{', '.join(SUPPORTED_ROPE_TYPES)}"
-            )
-        if rope_type == "default":
-            theta = rope_parameters(config)["rope_theta"]
-            inv_freq = 1.0 / (
-                theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
-            )
-            scaling = 1.0
-        else:  # the scaled variants exactly as transformers defines them
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
-        positions = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq.float())  # (P, D/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (P, D)
-        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        # The first half negated: rotate_half(x) * sin == roll(x, D/2) * sin_signed (exact).
-        sin = freqs.sin() * scaling
-        self.register_buffer("sin", torch.cat((-sin, sin), dim=-1), persistent=False)
-
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype):
-        """cos, signed sin (T, 1, D) at the given positions (T,), for `apply_rope`."""
-        return (
-            self.cos.index_select(0, positions).unsqueeze(1).to(dtype),
-            self.sin.index_select(0, positions).unsqueeze(1).to(dtype),
-        )
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates x (T, heads, D) by its positions' cos and signed sin tables (T, 1, D).
-
-    Equal to transformers' x * cos + rotate_half(x) * sin, in four ops instead of seven.
-    """
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -127,7 +85,7 @@ def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     """Grouped-query attention reading and writing K/V in the pool by slot id."""
 
-    def __init__(self, config: PretrainedConfig, layer_id: int) -> None:
+    def __init__(self, config: PretrainedConfig, layer_id: int, spec: DecoderSpec = LLAMA) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = config.num_attention_heads
@@ -135,17 +93,29 @@ class Attention(nn.Module):
         self.head_dim = head_dim_of(config)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split_sizes = (q_size, kv_size, kv_size)
-        bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
+        bias = bool(getattr(config, "attention_bias", False))
         # q, k and v share one matmul: three small GEMMs cost more than one on CPU.
-        self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=bias)
-        self.o_proj = Linear(q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=bias or spec.qkv_bias)
+        self.o_proj = Linear(q_size, config.hidden_size, bias=bias)
+        # None: SDPA's own 1/sqrt(head_dim); Granite sets its attention_multiplier.
+        self.scale = float(config.attention_multiplier) if spec.multipliers else None
+        partial = rotary_dim_of(config, self.head_dim) < self.head_dim
+        self.rope = apply_partial_rope if partial else apply_rope
+        self.qk_norm = spec.qk_norm
+        if spec.qk_norm is not None:
+            self.eps = config.rms_norm_eps
+            per_head = spec.qk_norm == "head"
+            self.q_norm = nn.Parameter(torch.ones(self.head_dim if per_head else q_size))
+            self.k_norm = nn.Parameter(torch.ones(self.head_dim if per_head else kv_size))
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, pool: KVPool) -> torch.Tensor:
         """x: (T, hidden) → (T, hidden)."""
         T, heads, qk_heads = x.shape[0], self.num_heads, self.num_heads + self.num_kv_heads
-        qkv = self.qkv_proj.run(x, meta.use_int).view(T, qk_heads + self.num_kv_heads, -1)
+        flat = self.qkv_proj.run(x, meta.use_int)  # (T, (H + 2 * Hkv) * D)
+        qkv = flat.view(T, qk_heads + self.num_kv_heads, -1)  # (T, H + 2 * Hkv, D)
         # q and k heads are adjacent in the fused output: one RoPE call rotates both.
-        qk = apply_rope(qkv[:, :qk_heads], meta.cos, meta.sin)  # (T, H + Hkv, D)
+        qk = qkv[:, :qk_heads] if self.qk_norm is None else self._normed_qk(flat)
+        qk = self.rope(qk, meta.cos, meta.sin)  # (T, H + Hkv, D)
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]
         pool.write(self.layer_id, meta.out_slots, k, v)
 
@@ -156,6 +126,19 @@ class Attention(nn.Module):
             for group in meta.groups:
                 out.index_copy_(0, group.rows, self._attend(q, group, pool))
         return self.o_proj.run(out.reshape(T, -1), meta.use_int)
+
+    def _normed_qk(self, qkv: torch.Tensor) -> torch.Tensor:
+        """q and k of the fused projection (T, (H + 2 * Hkv) * D), RMS-normed → (T, H + Hkv, D)."""
+        T, D = qkv.shape[0], self.head_dim
+        q_size, kv_size, _ = self.split_sizes
+        q, k = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]
+        if self.qk_norm == "head":  # Qwen3: each head normed on its own
+            q = F.rms_norm(q.view(T, self.num_heads, D), (D,), self.q_norm, self.eps)
+            k = F.rms_norm(k.view(T, self.num_kv_heads, D), (D,), self.k_norm, self.eps)
+        else:  # OLMo 2: the whole q (and k) projection normed at once, before the head split
+            q = F.rms_norm(q, (q_size,), self.q_norm, self.eps).view(T, self.num_heads, D)
+            k = F.rms_norm(k, (kv_size,), self.k_norm, self.eps).view(T, self.num_kv_heads, D)
+        return torch.cat((q, k), dim=1)  # (T, H + Hkv, D)
 
     def _attend(
         self,
@@ -191,8 +174,8 @@ class Attention(nn.Module):
     def _core(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """softmax(q k^T / sqrt(D)) v over (B, Hkv, G*Q, D) queries → (B, Hkv, G*Q, D)."""
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        """softmax(q k^T * scale) v over (B, Hkv, G*Q, D) queries → (B, Hkv, G*Q, D)."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
 
     def _keys_values(
         self,
@@ -224,33 +207,79 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up in one matmul."""
 
+    ACTIVATIONS: tuple[str, ...] = ("silu", "swish")  # what `forward` computes; () = any
+
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
+        act = getattr(config, "hidden_act", "silu")
+        if self.ACTIVATIONS and act not in self.ACTIVATIONS:
+            raise ModelLoadError(f"config.json: hidden_act {act!r} is not supported; use silu")
+        bias = bool(getattr(config, "mlp_bias", False))
         self.intermediate = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * self.intermediate, bias=False)
-        self.down_proj = Linear(self.intermediate, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * self.intermediate, bias=bias)
+        self.down_proj = Linear(self.intermediate, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor, use_int: bool = False) -> torch.Tensor:
+        """x: (T, hidden) → (T, hidden)."""
         gate, up = self.gate_up_proj.run(x, use_int).split(self.intermediate, dim=-1)
         return self.down_proj.run(F.silu(gate) * up, use_int)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm transformer block."""
+    """Pre-norm transformer block (Llama, Qwen, Phi-3)."""
 
-    def __init__(self, config: PretrainedConfig, layer_id: int) -> None:
+    norm_names = ("input_layernorm", "post_attention_layernorm")  # as in the checkpoint
+
+    def __init__(self, config: PretrainedConfig, layer_id: int, spec: DecoderSpec = LLAMA) -> None:
         super().__init__()
         self.eps = config.rms_norm_eps
-        self.input_layernorm = nn.Parameter(torch.ones(config.hidden_size))
-        self.post_attention_layernorm = nn.Parameter(torch.ones(config.hidden_size))
-        self.self_attn = Attention(config, layer_id)
+        for name in self.norm_names:
+            setattr(self, name, nn.Parameter(torch.ones(config.hidden_size)))
+        self.self_attn = Attention(config, layer_id, spec)
         self.mlp = MLP(config)
 
     def forward(self, x, meta, pool):
+        """x: (T, hidden) → (T, hidden); this layer's K/V go to the pool."""
         h = F.rms_norm(x, x.shape[-1:], self.input_layernorm, self.eps)
         x = x + self.self_attn.forward(h, meta, pool)  # .forward: no hook machinery per call
         h = F.rms_norm(x, x.shape[-1:], self.post_attention_layernorm, self.eps)
         return x + self.mlp.forward(h, meta.use_int)
+
+
+class ScaledResidualLayer(DecoderLayer):
+    """Pre-norm block whose sublayer outputs are scaled before the residual add (Granite)."""
+
+    def __init__(self, config: PretrainedConfig, layer_id: int, spec: DecoderSpec = LLAMA) -> None:
+        super().__init__(config, layer_id, spec)
+        self.residual_multiplier = float(config.residual_multiplier)
+
+    def forward(self, x, meta, pool):
+        """x: (T, hidden) → (T, hidden)."""
+        m = self.residual_multiplier
+        h = F.rms_norm(x, x.shape[-1:], self.input_layernorm, self.eps)
+        x = x + self.self_attn.forward(h, meta, pool) * m
+        h = F.rms_norm(x, x.shape[-1:], self.post_attention_layernorm, self.eps)
+        return x + self.mlp.forward(h, meta.use_int) * m
+
+
+class PostNormDecoderLayer(DecoderLayer):
+    """Block that norms each sublayer's output instead of its input (OLMo 2)."""
+
+    norm_names = ("post_attention_layernorm", "post_feedforward_layernorm")
+
+    def forward(self, x, meta, pool):
+        """x: (T, hidden) → (T, hidden)."""
+        h = self.self_attn.forward(x, meta, pool)
+        x = x + F.rms_norm(h, h.shape[-1:], self.post_attention_layernorm, self.eps)
+        h = self.mlp.forward(x, meta.use_int)
+        return x + F.rms_norm(h, h.shape[-1:], self.post_feedforward_layernorm, self.eps)
+
+
+def layer_class(spec: DecoderSpec) -> type[DecoderLayer]:
+    """The block a spec calls for; plain Llama's does no work beyond Llama's."""
+    if spec.norm_placement == "post":
+        return PostNormDecoderLayer
+    return ScaledResidualLayer if spec.multipliers else DecoderLayer
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
@@ -259,14 +288,23 @@ def head_dim_of(config: PretrainedConfig) -> int:
 
 
 class LlamaForCausalLM(nn.Module):
-    """The whole model: embeddings, decoder layers, final norm, LM head (tied or not)."""
+    """The whole model: embeddings, decoder layers, final norm, LM head (tied or not).
 
-    def __init__(self, config: PretrainedConfig, max_positions: int) -> None:
+    `spec` defaults to the registry's entry for `config.model_type` (`models/__init__.py`).
+    """
+
+    def __init__(
+        self, config: PretrainedConfig, max_positions: int, spec: DecoderSpec | None = None
+    ) -> None:
         super().__init__()
-        self.config = config
+        if spec is None:
+            from sgl_lite.backend.models import family_of  # the registry imports this module
+
+            spec = family_of(config).spec
+        self.config, self.spec = config, spec
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+            self.make_layer(config, i, spec) for i in range(config.num_hidden_layers)
         )
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
@@ -274,9 +312,15 @@ class LlamaForCausalLM(nn.Module):
             None if self.tied else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
+        self.embedding_multiplier = float(config.embedding_multiplier) if spec.multipliers else 1.0
+        self.logits_scaling = float(config.logits_scaling) if spec.multipliers else 1.0
         # A packed copy of the LM head for passes with few logits rows (set by the runner).
         self.head_packed: PackedWeight | None = None
         self.head_dense: torch.Tensor | None = None  # its values, dense, for many rows
+
+    def make_layer(self, config: PretrainedConfig, layer_id: int, spec: DecoderSpec) -> nn.Module:
+        """Decoder block `layer_id`; a family with a block of its own overrides this."""
+        return layer_class(spec)(config, layer_id, spec)
 
     @torch.inference_mode()
     def forward(
@@ -284,6 +328,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids: (T,) → final hidden states (T, hidden); each token's K/V goes to the pool."""
         x = self.embed_tokens(input_ids)
+        if self.embedding_multiplier != 1.0:
+            x = x * self.embedding_multiplier
         for layer in self.layers:
             x = layer.forward(x, meta, pool)
         return F.rms_norm(x, x.shape[-1:], self.norm, self.config.rms_norm_eps)
@@ -293,39 +339,55 @@ class LlamaForCausalLM(nn.Module):
         """hidden: (N, hidden) → float32 logits (N, vocab); `head_packed` for few rows."""
         if self.head_packed is not None:
             if use_int:
-                return self.head_packed.matmul(hidden.to(torch.bfloat16)).float()
-            return dense_as_kernel(hidden, self.head_dense).float()
-        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+                logits = self.head_packed.matmul(hidden.to(torch.bfloat16)).float()
+            else:
+                logits = dense_as_kernel(hidden, self.head_dense).float()
+        else:
+            weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
+            logits = F.linear(hidden, weight).float()
+        return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
+
+    def weight_plan(self, names: set[str]) -> dict[str, WeightSource]:
+        """Where each of our parameters may come from in a checkpoint holding `names`.
+
+        It names every tensor a family can have (biases, q/k norms); `load_checked` reads only
+        those our parameters, sized from the config, call for.
+        """
+        plan: dict[str, WeightSource] = {}
+        for i, layer in enumerate(self.layers):
+            p, ours = f"model.layers.{i}.", f"layers.{i}."
+            inter = layer.mlp.intermediate
+            if self.spec.fused_checkpoint:
+                qkv, qkv_rows = (p + "self_attn.qkv_proj",), ()
+                gate_up, gate_up_rows = (p + "mlp.gate_up_proj",), ()
+            else:
+                qkv = tuple(p + f"self_attn.{n}_proj" for n in "qkv")
+                qkv_rows = layer.self_attn.split_sizes
+                gate_up, gate_up_rows = (p + "mlp.gate_proj", p + "mlp.up_proj"), (inter, inter)
+            parts = {
+                "self_attn.qkv_proj": (qkv, qkv_rows),
+                "self_attn.o_proj": ((p + "self_attn.o_proj",), ()),
+                "mlp.gate_up_proj": (gate_up, gate_up_rows),
+                "mlp.down_proj": ((p + "mlp.down_proj",), ()),
+            }
+            for module, (hf, rows) in parts.items():
+                for kind in ("weight", "bias"):
+                    plan[f"{ours}{module}.{kind}"] = WeightSource(
+                        tuple(f"{n}.{kind}" for n in hf), rows
+                    )
+            for norm in (*layer.norm_names, "self_attn.q_norm", "self_attn.k_norm"):
+                plan[ours + norm] = WeightSource((f"{p}{norm}.weight",))
+        embed = "model.embed_tokens.weight"
+        plan["embed_tokens.weight"] = WeightSource((embed,))
+        plan["norm"] = WeightSource(("model.norm.weight",))
+        head = "lm_head.weight" if "lm_head.weight" in names else embed  # untied, but saved once
+        plan["lm_head.weight"] = WeightSource((head,))
+        return plan
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Loads weights named as in transformers, fusing q/k/v and gate/up as it goes."""
-        own = {}
-        for i in range(self.config.num_hidden_layers):
-            p = f"model.layers.{i}."
-            own[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat(
-                [state[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
-            )
-            if p + "self_attn.q_proj.bias" in state:
-                own[f"layers.{i}.self_attn.qkv_proj.bias"] = torch.cat(
-                    [state[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]
-                )
-            own[f"layers.{i}.self_attn.o_proj.weight"] = state[p + "self_attn.o_proj.weight"]
-            own[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
-                [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]]
-            )
-            own[f"layers.{i}.mlp.down_proj.weight"] = state[p + "mlp.down_proj.weight"]
-            own[f"layers.{i}.input_layernorm"] = state[p + "input_layernorm.weight"]
-            own[f"layers.{i}.post_attention_layernorm"] = state[
-                p + "post_attention_layernorm.weight"
-            ]
-        own["embed_tokens.weight"] = state["model.embed_tokens.weight"]
-        own["norm"] = state["model.norm.weight"]
-        if not self.tied:
-            own["lm_head.weight"] = state.get("lm_head.weight", state["model.embed_tokens.weight"])
-        missing, unexpected = self.load_state_dict(own, strict=False, assign=True)
-        missing = [m for m in missing if not m.startswith("rope.")]
-        if missing or unexpected:
-            raise ValueError(
-                f"weights do not fit the model: missing {missing}, unexpected {unexpected}"
-            )
+        """Loads weights named as in transformers, fusing q/k/v and gate/up as it goes.
+
+        A checkpoint that does not fit the config is a ModelLoadError naming the tensor.
+        """
+        skipped = ("lm_head.weight",) if self.tied else ()
+        load_checked(self, state, self.weight_plan(set(state)), skipped)
