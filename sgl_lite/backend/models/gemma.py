@@ -88,7 +88,7 @@ class GemmaAttention(Attention):
         self.softcap = getattr(config, "attn_logit_softcapping", None)
         if getattr(config, "attention_bias", False):  # Gemma's o_proj shares the q/k/v bias flag
             self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=True)
-        self.qk_norm = config.model_type == "gemma3_text"
+        self.qk_norm = "head" if config.model_type == "gemma3_text" else None  # Gemma 3's (1+w)
         if self.qk_norm:
             self.q_norm = nn.Parameter(torch.zeros(self.head_dim))
             self.k_norm = nn.Parameter(torch.zeros(self.head_dim))
@@ -125,6 +125,7 @@ class GemmaAttention(Attention):
             return torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, scale=self.scale
             )
+        assert self.scale is not None  # always set by __init__ for Gemma
         scores = (q @ k.transpose(-1, -2)) * self.scale  # (B, Hkv, G*Q, K)
         scores = torch.tanh(scores / self.softcap) * self.softcap
         if mask is not None:  # (B, 1, G*Q, K): the same for every KV head
@@ -269,7 +270,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
             own[o + "self_attn.o_proj.weight"] = take(attn + "o_proj.weight")
             if attn + "o_proj.bias" in state:
                 own[o + "self_attn.o_proj.bias"] = take(attn + "o_proj.bias")
-            if layer.self_attn.qk_norm:
+            if self.config.model_type == "gemma3_text":  # q/k norms (GemmaAttention.qk_norm)
                 own[o + "self_attn.q_norm"] = take(attn + "q_norm.weight")
                 own[o + "self_attn.k_norm"] = take(attn + "k_norm.weight")
             own[o + "mlp.gate_up_proj.weight"] = torch.cat(
