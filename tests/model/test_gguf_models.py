@@ -190,3 +190,18 @@ def test_a_folder_with_several_ggufs_and_no_config_asks_for_one(tmp_path, tokeni
         write_gguf(tmp_path / name, _model(LlamaConfig, tokenizer), tokenizer)
     with pytest.raises(ModelLoadError, match="2 .gguf files.*a.gguf, b.gguf"):
         resolve_model_path(tmp_path)
+
+
+def test_gguf_with_smollm2s_real_tokenizer_round_trips_it(tmp_path, smollm_tokenizer):
+    """A 49k-token byte-level vocabulary and SmolLM2's own chat template survive the GGUF
+    metadata, and the engine's greedy output equals the safetensors folder's (an e2e test:
+    it reads SmolLM2's tokenizer)."""
+    model = _model(LlamaConfig, smollm_tokenizer, tie_word_embeddings=True)
+    gguf_file = tmp_path / "smol-tok.gguf"
+    state = write_gguf(gguf_file, model, smollm_tokenizer)
+    folder = _save_folder(tmp_path / "st", model, state, smollm_tokenizer)
+    loaded = load_tokenizer(resolve_model_path(gguf_file))
+    assert loaded.chat_template == smollm_tokenizer.chat_template
+    text = "<|im_start|>user\nWhat's 2+2? Café, naïve — 東京\n  spaced<|im_end|>\n"
+    assert loaded.encode(text) == smollm_tokenizer.encode(text)
+    assert _greedy(gguf_file, smollm_tokenizer, False) == _greedy(folder, smollm_tokenizer, False)
