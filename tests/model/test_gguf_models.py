@@ -4,6 +4,7 @@ with the file's tokenizer and chat template; bad files are refused by name befor
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -116,14 +117,17 @@ def test_gguf_file_loads_like_the_same_weights_from_safetensors(tmp_path, tokeni
         assert _greedy(gguf_file, tokenizer, disable) == _greedy(folder, tokenizer, disable)
 
 
-def test_quantized_codes_of_a_written_gguf_are_exactly_its_converted_weights(tmp_path, tokenizer):
+@pytest.mark.parametrize(("kind", "bits"), [("Q8_0", 8), ("Q4_0", 4), ("Q4_1", 4)])
+def test_quantized_codes_of_a_written_gguf_are_exactly_its_converted_weights(
+    tmp_path, tokenizer, kind, bits
+):
     model = _model(LlamaConfig, tokenizer, tie_word_embeddings=False)
-    gguf_file = tmp_path / "tiny-q8.gguf"
-    state = write_gguf(gguf_file, model, tokenizer, quantize_linears="Q8_0")
+    gguf_file = tmp_path / f"tiny-{kind}.gguf"
+    state = write_gguf(gguf_file, model, tokenizer, quantize_linears=kind)
     converted = resolve_model_path(gguf_file)
     assert gguf_source(converted) == gguf_file.resolve()
     codes = read_quantized(gguf_file, load_config(converted))
-    assert len(codes) == 7 * 2 and {c.bits for c in codes.values()} == {8}
+    assert len(codes) == 7 * 2 and {c.bits for c in codes.values()} == {bits}
     for name, weight in codes.items():  # q/k rows un-permuted like transformers' loader
         assert torch.equal(weight.dequantize(), state[name]), name
 
@@ -161,6 +165,25 @@ def test_a_rewritten_gguf_is_converted_again(tmp_path, tokenizer):
     assert not torch.equal(first[name], second[name])
     assert gguf_source(folder_a) is None  # its source no longer holds its weights
     assert gguf_source(folder_b) == gguf_file.resolve()
+
+
+def test_a_q4_gguf_feeds_its_codes_to_the_int4_kernels(tmp_path, tokenizer, caplog):
+    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+    gguf_file = tmp_path / "tiny-q4.gguf"
+    write_gguf(gguf_file, model, tokenizer, quantize_linears="Q4_0")
+    with (
+        caplog.at_level(logging.INFO, logger="sgl_lite"),
+        Engine(
+            model_path=str(gguf_file),
+            num_threads=NUM_THREADS,
+            max_total_tokens=256,
+            quantization="int4",
+        ) as engine,
+    ):
+        out = engine.generate(input_ids=tokenizer.encode(PROMPTS[0]), sampling_params=GREEDY)
+    assert len(out["output_ids"]) == GREEDY["max_new_tokens"]
+    # 2 layers x (fused qkv, o, fused gate_up, down), every one packed from the file's codes
+    assert "packed 8 linears (8 from the file's codes)" in caplog.text
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "phi2"])
