@@ -149,9 +149,13 @@ class _Probe:
             return self.eos
         return ""
 
-    def split_begin(self, head: str) -> tuple[str, str]:
-        """Splits the text before the first message into (begin_text, first prefix)."""
-        if self.bos and head.startswith(self.bos):
+    def split_begin(self, head: str, conversation: str) -> tuple[str, str]:
+        """Splits the text before the first message into (begin_text, first prefix).
+
+        BOS is begin_text only where it appears once: SmolLM2's BOS is `<|im_start|>`, which
+        opens every turn and so belongs to the role prefix.
+        """
+        if self.bos and head.startswith(self.bos) and conversation.count(self.bos) == 1:
             return self.bos, head[len(self.bos) :]
         return _split_begin(head)
 
@@ -163,11 +167,11 @@ class _Probe:
             sys_only = ""
         if _M0 not in sys_only:
             return self._derive_folded(name)
-        begin, system_prefix = self.split_begin(_between(sys_only, None, _M0))
+        conversation = self.render("suau")
+        begin, system_prefix = self.split_begin(_between(sys_only, None, _M0), conversation)
         system_suffix = _between(sys_only, _M0, None)
         user_block = _cut(self.render("su"), prefix=sys_only)
         user_prefix, user_suffix = _between(user_block, None, _M1), _between(user_block, _M1, None)
-        conversation = self.render("suau")
         assistant_prefix = _cut(_between(conversation, _M1, _M2), prefix=user_suffix)
         assistant_suffix = _cut(_between(conversation, _M2, _M3), suffix=user_prefix)
         roles = {
@@ -195,7 +199,7 @@ class _Probe:
         the system text goes where the template puts it (Gemma 3, Mistral: opening the user
         turn) or, where the template rejects it (Gemma 2), where Gemma 3 puts it."""
         conversation = self.render("uau", gen_prompt=True)
-        begin, user_prefix = self.split_begin(_between(conversation, None, _M0))
+        begin, user_prefix = self.split_begin(_between(conversation, None, _M0), conversation)
         user_suffix = _between(self.render("u"), _M0, None)
         assistant_prefix = _cut(_between(conversation, _M0, _M1), prefix=user_suffix)
         assistant_suffix = _cut(_between(conversation, _M1, _M2), suffix=user_prefix)
