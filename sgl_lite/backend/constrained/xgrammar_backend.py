@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from sgl_lite.backend.constrained.formats import STRING_FORMATS
 from sgl_lite.backend.constrained.grammar_guide import BackendGuide
 from sgl_lite.backend.constrained.grammar_mask import text_token_mask, unpack_bitmask
 from sgl_lite.backend.constrained.regex_check import GrammarError
@@ -60,7 +61,8 @@ def to_xgrammar(kind: str, pattern: Any, *, whitespace: str | None = None) -> st
             if kind == "regex":
                 grammar = xgr.Grammar.from_regex(pattern)
             elif kind == "json_schema":
-                text = pattern if isinstance(pattern, str) else json.dumps(pattern)
+                schema = json.loads(pattern) if isinstance(pattern, str) else pattern
+                text = json.dumps(tightened(schema))
                 flexible = whitespace is not None
                 grammar = xgr.Grammar.from_json_schema(
                     text,
@@ -82,6 +84,49 @@ def to_xgrammar(kind: str, pattern: Any, *, whitespace: str | None = None) -> st
         what = "grammar does not parse" if kind == "ebnf" else "is not supported by xgrammar"
         raise GrammarError(f"{kind} {what}: {_short(exc)}") from None
     return str(grammar)
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "array": (list,),
+    "object": (dict,),
+}
+
+
+def tightened(schema: Any) -> Any:
+    """The schema with two things xgrammar reads loosely made exact: a `format` the automaton
+    knows becomes its `pattern` (xgrammar's ipv4 admits leading zeros, which `jsonschema`
+    refuses), and an `enum` beside a `type` keeps only the values of that type."""
+    if isinstance(schema, list):
+        return [tightened(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {
+        k: v if k in ("enum", "const", "default", "examples") else tightened(v)
+        for k, v in schema.items()
+    }
+    fmt = schema.get("format")
+    if isinstance(fmt, str) and fmt in STRING_FORMATS and "pattern" not in schema:
+        out["pattern"] = f"^{STRING_FORMATS[fmt]}$"
+        del out["format"]
+    types = schema.get("type")
+    if isinstance(schema.get("enum"), list) and isinstance(types, (str, list)):
+        names = [types] if isinstance(types, str) else types
+        kinds = tuple(t for n in names if isinstance(n, str) for t in _JSON_TYPES.get(n, ()))
+
+        def fits(v: Any) -> bool:
+            if isinstance(v, bool):  # a bool is an int to Python, never to JSON Schema
+                return "boolean" in names
+            if isinstance(v, float) and "integer" in names and v.is_integer():
+                return True
+            return isinstance(v, kinds)
+
+        out["enum"] = [v for v in schema["enum"] if fits(v)]
+    return out
 
 
 def _short(exc: Exception) -> str:
