@@ -62,6 +62,7 @@ def to_xgrammar(kind: str, pattern: Any, *, whitespace: str | None = None) -> st
                 grammar = xgr.Grammar.from_regex(pattern)
             elif kind == "json_schema":
                 schema = json.loads(pattern) if isinstance(pattern, str) else pattern
+                refuse_remote_refs(schema)
                 text = json.dumps(tightened(schema))
                 flexible = whitespace is not None
                 grammar = xgr.Grammar.from_json_schema(
@@ -95,6 +96,24 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "array": (list,),
     "object": (dict,),
 }
+
+
+def refuse_remote_refs(schema: Any, path: str = "") -> None:
+    """GrammarError naming the first `$ref` that is not local (`#...`): xgrammar would read it
+    as any value, and the final validation may not fetch it (nothing is downloaded)."""
+    if isinstance(schema, list):
+        for i, v in enumerate(schema):
+            refuse_remote_refs(v, f"{path}/{i}")
+    elif isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            raise GrammarError(
+                f"json_schema keyword '$ref' at {path or '/'} is not supported by xgrammar: "
+                f"{ref!r} is not a local reference (#...)"
+            )
+        for k, v in schema.items():
+            if k not in ("enum", "const", "default", "examples"):
+                refuse_remote_refs(v, f"{path}/{k}")
 
 
 def tightened(schema: Any) -> Any:
