@@ -266,6 +266,21 @@ WORKLOAD_COLUMNS = {
     ],
     "W4": ["batch1_tokens_per_s", "batch_tokens_per_s", "batch_size"],
     "W5": ["dsl_wall_s", "engine_wall_s", "dsl_over_engine"],
+    # W3B / W3T rows are grammar backends (and, in W3T, the peers), see bench/w3_backends.py
+    "W3B": [
+        "wall_s",
+        "valid_fraction",
+        "constrained_over_unconstrained_per_token",
+        "jump_forward_passes_saved",
+        "invalid_reported",
+    ],
+    "W3T": [
+        "wall_s",
+        "valid_fraction",
+        "invalid_reported",
+        "tokens_emitted",
+        "jump_forward_passes_saved",
+    ],
 }
 
 

@@ -70,6 +70,7 @@ class GrammarCompiler:
             )
         self.tokenizer = tokenizer
         self.backend = backend
+        self.budget_aware = True  # bench-only switch, see CompiledGrammar.budget_aware
         self.vocab = vocabulary_for(tokenizer)
         self.whitespace_pattern = whitespace_pattern
         self.timeout_s = timeout_s
@@ -253,6 +254,7 @@ class GrammarCompiler:
         grammar = CompiledGrammar(
             regex, index, byte_index, self.vocab, mask_cache_states=self.mask_cache_states
         )
+        grammar.budget_aware = self.budget_aware
         start = grammar.initial_state
         if grammar.num_allowed(start) == 0 and not grammar.is_accepting(start):
             raise GrammarError("the pattern matches no text this tokenizer can produce")
