@@ -165,6 +165,16 @@ def evaluate_targets(r: dict) -> list[Target]:
             _why(r, "W3", "sgl_lite"),
         )
     )
+    v = _get(r, "workloads", "W3T", "systems", "sgl_outlines", "valid_fraction")
+    out.append(
+        _mark(
+            "W3T valid outputs at 1.2x the shortest (budget on)",
+            "100%",
+            v,
+            v == 1.0 if v is not None else None,
+            _why(r, "W3T", "sgl_outlines"),
+        )
+    )
     v = _ratio(r, "W4", "sgl_lite", "hf_alone", "batch1_tokens_per_s")
     out.append(
         _mark(

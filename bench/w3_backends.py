@@ -18,11 +18,12 @@ from typing import Any
 from bench.workloads import Workloads
 
 # (row name, grammar_backend, budget-aware)
+# NOTE: "sgl_" names: W3T also has rows for the peers, one of which is outlines itself
 ROWS = (
-    ("outlines", "outlines", True),
-    ("outlines_no_budget", "outlines", False),
-    ("llguidance", "llguidance", True),
-    ("xgrammar", "xgrammar", True),
+    ("sgl_outlines", "outlines", True),
+    ("sgl_outlines_no_budget", "outlines", False),
+    ("sgl_llguidance", "llguidance", True),
+    ("sgl_xgrammar", "xgrammar", True),
 )
 TIGHT_FACTOR = 1.2
 MAX_TOTAL_TOKENS = 4096
@@ -84,7 +85,7 @@ def run_backends(num_threads: int, wl: Workloads, repeats: int, block: dict) -> 
         print(f"[W3B] {name} ...", flush=True)
         block["systems"][name] = run_row(num_threads, backend, budget_aware, wl, repeats)
     block["notes"].append(
-        "each row: its own engines with that grammar_backend; outlines_no_budget: the "
+        "each row: its own engines with that grammar_backend; sgl_outlines_no_budget: the "
         "automaton with its budget rule off; llguidance/xgrammar have none (no guarantee)"
     )
     return block
