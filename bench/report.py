@@ -34,6 +34,16 @@ WORKLOAD_SYSTEMS = {
         "llama_cpp",
     ),
     "W5": ("W1", "W2", "W3"),
+    # sgl_lite on each grammar backend (bench/w3_backends.py ROWS), and in W3T the peers too
+    "W3B": ("sgl_outlines", "sgl_outlines_no_budget", "sgl_llguidance", "sgl_xgrammar"),
+    "W3T": (
+        "sgl_outlines",
+        "sgl_outlines_no_budget",
+        "sgl_llguidance",
+        "sgl_xgrammar",
+        "outlines",
+        "llama_cpp",
+    ),
 }
 MAIN_FIGURE = {"W1": "wall_s", "W2": "wall_s", "W3": "wall_s", "W4": "batch1_tokens_per_s"}
 
