@@ -34,6 +34,16 @@ WORKLOAD_SYSTEMS = {
         "llama_cpp",
     ),
     "W5": ("W1", "W2", "W3"),
+    # sgl_lite on each grammar backend (bench/w3_backends.py ROWS), and in W3T the peers too
+    "W3B": ("sgl_outlines", "sgl_outlines_no_budget", "sgl_llguidance", "sgl_xgrammar"),
+    "W3T": (
+        "sgl_outlines",
+        "sgl_outlines_no_budget",
+        "sgl_llguidance",
+        "sgl_xgrammar",
+        "outlines",
+        "llama_cpp",
+    ),
 }
 MAIN_FIGURE = {"W1": "wall_s", "W2": "wall_s", "W3": "wall_s", "W4": "batch1_tokens_per_s"}
 
@@ -165,6 +175,16 @@ def evaluate_targets(r: dict) -> list[Target]:
             _why(r, "W3", "sgl_lite"),
         )
     )
+    v = _get(r, "workloads", "W3T", "systems", "sgl_outlines", "valid_fraction")
+    out.append(
+        _mark(
+            "W3T valid outputs at 1.2x the shortest (budget on)",
+            "100%",
+            v,
+            v == 1.0 if v is not None else None,
+            _why(r, "W3T", "sgl_outlines"),
+        )
+    )
     v = _ratio(r, "W4", "sgl_lite", "hf_alone", "batch1_tokens_per_s")
     out.append(
         _mark(
@@ -266,6 +286,21 @@ WORKLOAD_COLUMNS = {
     ],
     "W4": ["batch1_tokens_per_s", "batch_tokens_per_s", "batch_size"],
     "W5": ["dsl_wall_s", "engine_wall_s", "dsl_over_engine"],
+    # W3B / W3T rows are grammar backends (and, in W3T, the peers), see bench/w3_backends.py
+    "W3B": [
+        "wall_s",
+        "valid_fraction",
+        "constrained_over_unconstrained_per_token",
+        "jump_forward_passes_saved",
+        "invalid_reported",
+    ],
+    "W3T": [
+        "wall_s",
+        "valid_fraction",
+        "invalid_reported",
+        "tokens_emitted",
+        "jump_forward_passes_saved",
+    ],
 }
 
 

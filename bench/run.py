@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bench import report
+from bench import report, w3_backends
 from bench.common import Skipped, median
 from bench.workloads import Workloads, build
 
@@ -28,6 +28,8 @@ TITLES = {
     "W1": "multi-turn chat",
     "W2": "few-shot select",
     "W3": "JSON extraction",
+    "W3B": "JSON extraction on each grammar backend, budget on/off",
+    "W3T": "JSON extraction at 1.2x the shortest valid output",
     "W4": "raw decode (tokens/s)",
     "W5": "DSL programs vs engine API",
 }
@@ -47,7 +49,7 @@ PACKAGES = (
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    p.add_argument("--workloads", default="W1,W2,W3,W4,W5")
+    p.add_argument("--workloads", default="W1,W2,W3,W3B,W3T,W4,W5")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default="results")
     p.add_argument("--num-threads", type=int, default=2)
@@ -164,6 +166,12 @@ def run_workload(
     block: dict[str, Any] = {"title": TITLES[w], "systems": {}, "notes": []}
     if w == "W5":
         return run_w5(wl, systems, results, args, block)
+    if w == "W3B":
+        return w3_backends.run_backends(args.num_threads, wl, args.repeats, block)
+    if w == "W3T":
+        peers = {name: tight_peer(name, args) for name in ("outlines", "llama_cpp")}
+        tokenizer = systems["sgl_lite"].tokenizer
+        return w3_backends.run_tight(args.num_threads, wl, tokenizer, args.repeats, block, peers)
     method = w.lower()
     for name in report.WORKLOAD_SYSTEMS[w]:
         system = systems.get(name)
@@ -244,6 +252,38 @@ def run_w5(
     return block
 
 
+def workload_options(args: argparse.Namespace, **more: Any) -> dict[str, Any]:
+    """The `build()` options a peer's own process rebuilds the workloads from."""
+    return {
+        "quick": args.quick,
+        "conversations": args.conversations,
+        "questions": args.questions,
+        "json_items": args.json_items,
+        **more,
+    }
+
+
+def tight_peer(name: str, args: argparse.Namespace) -> Any:
+    """For W3T: a callable building peer `name` at a given max_new_tokens (its own process
+    rebuilds the workloads), or why the peer is missing."""
+    if args.no_peers:
+        return "--no-peers"
+    from bench.isolated import IsolatedPeer
+
+    def make(max_new_tokens: int) -> Any:
+        options = workload_options(args, json_max_new_tokens=max_new_tokens)
+        try:
+            peer = IsolatedPeer(name, args.num_threads, options)
+            peer.warmup()
+            return peer
+        except Skipped as exc:
+            return str(exc)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    return make
+
+
 def build_systems(args: argparse.Namespace, workloads: list[str]) -> dict[str, Any]:
     """Every system, or the reason it is missing (a string)."""
     from bench.hf_baselines import HFAlone, HFManualCache, load_hf_model
@@ -260,18 +300,12 @@ def build_systems(args: argparse.Namespace, workloads: list[str]) -> dict[str, A
     from bench.isolated import IsolatedPeer
 
     # Each peer runs in its own process: a peer that crashes costs its rows, not the run.
-    workload_options = {
-        "quick": args.quick,
-        "conversations": args.conversations,
-        "questions": args.questions,
-        "json_items": args.json_items,
-    }
     for name in ("llama_cpp", "outlines"):
         if args.no_peers:
             systems[name] = "--no-peers"
             continue
         try:
-            systems[name] = IsolatedPeer(name, args.num_threads, workload_options)
+            systems[name] = IsolatedPeer(name, args.num_threads, workload_options(args))
         except Skipped as exc:
             systems[name] = str(exc)
         except Exception as exc:

@@ -167,6 +167,8 @@ class SglLite:
             "valid": sum(validate_json(t, wl.json_schema) for t in texts),
             "tokens": [o["meta_info"]["completion_tokens"] for o in outs],
             "forced_tokens": sum(o["meta_info"].get("forced_tokens", 0) for o in outs),
+            # an invalid output the engine itself flagged (constraint_violation), not passed off
+            "reported": sum(o["meta_info"].get("constraint_violation") is not None for o in outs),
             "forward_passes": after["forward_passes"] - before["forward_passes"],
         }
 
@@ -193,6 +195,7 @@ class SglLite:
             "valid": jf["valid"],
             "items": n,
             "valid_fraction": jf["valid"] / n,
+            "invalid_reported": jf["reported"],
             "tokens_emitted": sum(jf["tokens"]),
             "forced_tokens": jf["forced_tokens"],
             "texts": jf["texts"],
@@ -269,9 +272,10 @@ def _timed_generate(engine: Any, ids: Any, params: Any) -> tuple[float, Any]:
 
 
 def _warm_constrained(engine: Any, params: dict) -> None:
-    """Compiles the schema once (the engine caches it), outside the timed runs."""
+    """Compiles the schema once (the engine caches it), outside the timed runs. NOTE: with the
+    request's own max_new_tokens: a budget below the shortest valid output is refused."""
     try:
-        out = engine.generate(input_ids=[1, 2, 3], sampling_params={**params, "max_new_tokens": 1})
+        out = engine.generate(input_ids=[1, 2, 3], sampling_params=params)
     except Exception as exc:
         raise Skipped(f"json_schema decoding failed: {type(exc).__name__}: {exc}") from exc
     reason = out["meta_info"]["finish_reason"] or {}

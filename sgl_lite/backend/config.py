@@ -18,7 +18,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 DTYPE_CHOICES = ("auto", *DTYPES)
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 SCHEDULE_POLICIES = ("lpm", "fcfs")
-GRAMMAR_BACKENDS = ("outlines", "llguidance", "auto")  # see constrained/compiler.py
+GRAMMAR_BACKENDS = ("outlines", "llguidance", "xgrammar", "auto")  # see constrained/compiler.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # how "auto" tool-choice answers are read (see server/tool_formats.py)
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "granite", "phi4_mini")

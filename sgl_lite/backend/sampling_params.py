@@ -44,6 +44,7 @@ class SamplingParams:
     sampling_seed: int | None = None
     regex: str | None = None
     json_schema: str | None = None
+    ebnf: str | None = None  # SGLang's context-free grammar (GBNF/EBNF or Lark), see constrained/
     # (token id, bias) pairs, sorted by id: OpenAI's logit_bias, frozen so params stay hashable
     logit_bias: tuple[tuple[int, float], ...] = ()
 
@@ -69,9 +70,13 @@ class SamplingParams:
                 raise InvalidRequest(
                     name, f"sampling param {name} must be {allowed}, got {getattr(self, name)!r}"
                 )
-        if self.regex is not None and self.json_schema is not None:
+        given = [name for name in CONSTRAINT_NAMES if getattr(self, name) is not None]
+        if len(given) > 1:
+            # SGLang: "Only one of regex, json_schema, or ebnf can be set."
             raise InvalidRequest(
-                "regex", "sampling params regex and json_schema are mutually exclusive; give one"
+                given[0],
+                f"sampling params {' and '.join(given)} are mutually exclusive; give one of "
+                f"{', '.join(CONSTRAINT_NAMES)}",
             )
         for pattern in self.stop_regex:
             compile_stop_regex(pattern)
@@ -99,11 +104,12 @@ class SamplingParams:
 
     @property
     def constraint(self) -> tuple[str, str] | None:
-        """("regex" | "json_schema", pattern) for a constrained request, else None."""
-        if self.regex is not None:
-            return ("regex", self.regex)
-        if self.json_schema is not None:
-            return ("json_schema", self.json_schema)
+        """(kind, pattern) for a constrained request (kind "regex", "json_schema" or "ebnf"),
+        else None."""
+        for name in CONSTRAINT_NAMES:
+            pattern = getattr(self, name)
+            if pattern is not None:
+                return (name, pattern)
         return None
 
     @classmethod
@@ -139,13 +145,16 @@ class SamplingParams:
             values["stop_token_ids"] = tuple(ids)
         if isinstance(values.get("json_schema"), dict):
             values["json_schema"] = json.dumps(values["json_schema"])
-        for name in ("regex", "json_schema"):
+        for name in CONSTRAINT_NAMES:
             if name in values and not isinstance(values[name], str):
                 raise InvalidRequest(name, f"sampling param {name} must be a string")
         if "logit_bias" in values:
             values["logit_bias"] = _logit_bias(values["logit_bias"])
         return cls(**values)
 
+
+# The sampling params that constrain the output; at most one per request (as SGLang).
+CONSTRAINT_NAMES = ("regex", "json_schema", "ebnf")
 
 # OpenAI's bound on a logit_bias value (-100 bans a token, +100 all but forces it)
 LOGIT_BIAS_LIMIT = 100.0

@@ -29,6 +29,7 @@ SAMPLING_PARAM_NAMES: tuple[str, ...] = (
     "sampling_seed",
     "regex",
     "json_schema",
+    "ebnf",
     "logit_bias",
 )
 

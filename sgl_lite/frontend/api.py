@@ -54,6 +54,7 @@ def gen(
     dtype: type | str | None = None,
     regex: str | None = None,
     json_schema: str | dict | None = None,
+    ebnf: str | None = None,
     choices: Sequence[str] | None = None,
     choices_method: ChoicesMethod | None = None,
     timeout: float | None = None,
@@ -61,11 +62,12 @@ def gen(
 ) -> ir.Gen | ir.Select:
     """Generates text into variable `name`; every argument falls back to the run() defaults.
 
-    `choices=[...]` makes it a `select`. `dtype`, `regex` and `json_schema` constrain the output
-    (at most one of them). `n=k` samples k alternatives: the variable holds the list of them and
-    the program's text continues with the first (as SGLang). `stop_regex` stops generation at a
-    match of any of the patterns (trimmed from the text like a stop string). `timeout` (seconds)
-    bounds the step: past it the request is aborted and the program fails with StepTimeout.
+    `choices=[...]` makes it a `select`. `dtype`, `regex`, `json_schema` and `ebnf` (a
+    context-free grammar, SGLang's `ebnf` sampling param) constrain the output (at most one).
+    `n=k` samples k alternatives: the variable holds the list of them and the program's text
+    continues with the first (as SGLang). `stop_regex` stops generation at a match of any of
+    the patterns (trimmed from the text like a stop string). `timeout` (seconds) bounds the
+    step: past it the request is aborted and the program fails with StepTimeout.
     """
     _reject_unknown("gen", unknown, _GEN_ARGS)
     _check_name(name)
@@ -81,11 +83,18 @@ def gen(
     stop_regex = _stop_regexes(stop_regex)
     given = [
         k
-        for k, v in (("dtype", dtype), ("regex", regex), ("json_schema", json_schema))
+        for k, v in (
+            ("dtype", dtype),
+            ("regex", regex),
+            ("json_schema", json_schema),
+            ("ebnf", ebnf),
+        )
         if v is not None
     ]
     if len(given) > 1:
-        raise ValueError(f"gen() takes at most one of dtype, regex, json_schema; got {given}")
+        raise ValueError(f"gen() takes at most one of dtype, regex, json_schema, ebnf; got {given}")
+    if ebnf is not None and (not isinstance(ebnf, str) or not ebnf.strip()):
+        raise ValueError(f"gen(ebnf=...) must be a non-empty grammar string, got {ebnf!r}")
     if isinstance(dtype, str):  # SGLang also takes the type's name
         dtype = {t.__name__: t for t in ir.DTYPES}.get(dtype, dtype)
     if dtype is not None:
@@ -121,6 +130,7 @@ def gen(
         dtype=dtype,
         regex=regex,
         json_schema=json_schema,
+        ebnf=ebnf,
     )
     return ir.Gen(name=name, sampling=sampling, timeout=timeout)
 

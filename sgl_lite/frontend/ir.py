@@ -67,6 +67,7 @@ class SamplingArgs:
     dtype: type | None = None
     regex: str | None = None
     json_schema: str | None = None
+    ebnf: str | None = None  # SGLang's `ebnf` sampling param (a context-free grammar)
 
     def given(self) -> dict[str, Any]:
         """The arguments that were set (not None)."""

@@ -1,10 +1,12 @@
 """Regex / JSON Schema / EBNF → compiled grammar, cached and built off the caller's thread.
 
 `GrammarCompiler.validate` is the fast synchronous check done at submission: it picks the
-backend (the outlines-core automaton, which alone gives the budget guarantee, or llguidance for
-EBNF/Lark and for schemas the automaton refuses) and the source it compiles. `submit` builds it
+backend (the outlines-core automaton, which alone gives the budget guarantee; llguidance for
+EBNF/Lark and for schemas the automaton refuses; xgrammar when asked for) and the source it
+compiles. `submit` builds it
 on a worker thread and shares one future per (backend, source) among all requests; the result's
-`new_guide(...)` is the per-request cursor (guide.Guide or llguidance_backend.LLGuide).
+`new_guide(...)` is the per-request cursor (guide.Guide, llguidance_backend.LLGuide or
+xgrammar_backend.XGGuide).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from sgl_lite.backend.constrained.schema_regex import schema_to_regex
 from sgl_lite.backend.constrained.vocab import byte_vocabulary, vocabulary_for
 
 GrammarKind = Literal["regex", "json_schema", "ebnf"]
-BACKENDS = ("outlines", "llguidance", "auto")
+BACKENDS = ("outlines", "llguidance", "xgrammar", "auto")
 AUTO_MAX_REGEX = 4000  # "auto": longer schema regexes go to llguidance when it accepts them
 # NOTE: by default JSON is laid out exactly as `json.dumps` writes it: ", " and ": " between items
 # and nothing else (xgrammar's `any_whitespace=False`). A model cannot loop on whitespace, and
@@ -45,7 +47,9 @@ class GrammarCompiler:
     One compiler per engine. The cache is an LRU of `cache_size` compiled grammars keyed by
     (backend, normalized source), so equal patterns share one grammar whatever their kind or
     spelling. `backend` "auto" sends each request to the automaton where it expresses the whole
-    constraint and to llguidance otherwise (EBNF, schemas with keywords the automaton refuses).
+    constraint and to llguidance otherwise (EBNF, schemas with keywords the automaton refuses);
+    "llguidance" and "xgrammar" send every request to that backend. The automaton cannot
+    express a context-free grammar, so under "outlines" an `ebnf` request goes to llguidance.
     """
 
     def __init__(
@@ -68,6 +72,7 @@ class GrammarCompiler:
             )
         self.tokenizer = tokenizer
         self.backend = backend
+        self.budget_aware = True  # bench-only switch, see CompiledGrammar.budget_aware
         self.vocab = vocabulary_for(tokenizer)
         self.whitespace_pattern = whitespace_pattern
         self.timeout_s = timeout_s
@@ -119,8 +124,9 @@ class GrammarCompiler:
         return hit
 
     def _plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
-        if kind == "ebnf" and self.backend == "outlines":
-            raise GrammarError("ebnf needs grammar_backend 'llguidance' or 'auto'")
+        if self.backend == "xgrammar":
+            return "xgrammar", self._xgrammar_source(kind, pattern)
+        # a grammar, or "any JSON object" (unbounded nesting), needs a real grammar backend
         if kind == "ebnf" or self.backend == "llguidance" or _any_object(kind, pattern):
             return "llguidance", self._llguidance_source(kind, pattern)
         try:
@@ -151,6 +157,15 @@ class GrammarCompiler:
         source = to_llguidance(kind, pattern, whitespace=self.whitespace_pattern)
         check_llguidance(kind, source, self.tokenizer)
         return source
+
+    def _xgrammar_source(self, kind: str, pattern: str | dict) -> str:
+        from sgl_lite.backend.constrained.xgrammar_backend import to_xgrammar
+
+        if kind == "json_schema":
+            pattern = _load_schema(pattern)
+        elif kind == "regex" and not isinstance(pattern, str):
+            raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
+        return to_xgrammar(kind, pattern, whitespace=self.whitespace_pattern)
 
     def _to_regex(self, kind: str, pattern: str | dict) -> str:
         if kind == "regex":
@@ -203,7 +218,8 @@ class GrammarCompiler:
     def compile(self, kind: str, pattern: str | dict) -> Any:
         """Blocking `submit(...).result()`: same cache, same timeout; raises GrammarError.
 
-        The result is a CompiledGrammar (automaton) or an LLGrammar (llguidance)."""
+        The result is a CompiledGrammar (automaton), an LLGrammar (llguidance) or an XGGrammar
+        (xgrammar)."""
         return self.submit(kind, pattern).result()
 
     def _build(self, key: tuple[str, str], future: Future[Any], timer: threading.Timer) -> None:
@@ -235,11 +251,16 @@ class GrammarCompiler:
             from sgl_lite.backend.constrained.llguidance_backend import LLGrammar
 
             return LLGrammar(regex, self.tokenizer, self.vocab.size, self.vocab.eos_token_id)
+        if backend == "xgrammar":
+            from sgl_lite.backend.constrained.xgrammar_backend import XGGrammar
+
+            return XGGrammar(regex, self.tokenizer, self.vocab)
         index = Index(regex, self.vocab.index_vocab)
         byte_index = Index(regex, byte_vocabulary())
         grammar = CompiledGrammar(
             regex, index, byte_index, self.vocab, mask_cache_states=self.mask_cache_states
         )
+        grammar.budget_aware = self.budget_aware
         start = grammar.initial_state
         if grammar.num_allowed(start) == 0 and not grammar.is_accepting(start):
             raise GrammarError("the pattern matches no text this tokenizer can produce")

@@ -52,12 +52,16 @@ class CompiledGrammar:
         self._lock = threading.Lock()
 
     backend = "outlines"
+    # NOTE: False only to measure what budget awareness costs and buys (bench W3B): guides then
+    # ignore max_new_tokens, as every other runtime does, and a cut output is reported.
+    budget_aware = True
 
     def new_guide(self, *, max_new_tokens: int | None = None, constraint=None):
         """A budget-aware cursor for one request (see guide.Guide; raises BudgetError)."""
         from sgl_lite.backend.constrained.guide import Guide
 
-        return Guide(self, max_new_tokens=max_new_tokens, constraint=constraint)
+        budget = max_new_tokens if self.budget_aware else None
+        return Guide(self, max_new_tokens=budget, constraint=constraint)
 
     @property
     def min_tokens(self) -> int:

@@ -3,9 +3,10 @@ real recursion, behind the same Guide interface the engine uses for the automato
 
 `LLGrammar` is one validated grammar for one tokenizer (shared, with a prototype matcher built
 off the loop); `LLGuide` is a per-request deep copy of that matcher. What llguidance does not
-give: a distance table, so there is no budget guarantee here (a cut output is caught by the
-final validation and reported, never passed off). Forced tokens come from llguidance's own
-fast-forward, appended without retokenizing. Nothing here knows about the engine.
+give: a distance table, so there is no budget guarantee here (a cut output is flagged
+`budget_cut` by grammar_guide.BackendGuide and reported, never passed off). Forced tokens come
+from llguidance's own fast-forward, appended without retokenizing. Nothing here knows about
+the engine.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Any
 
 import torch
 
-from sgl_lite.backend.constrained.fidelity import COUNTERS, check_output
+from sgl_lite.backend.constrained.grammar_guide import BackendGuide
+from sgl_lite.backend.constrained.grammar_mask import text_token_mask, unpack_bitmask
 from sgl_lite.backend.constrained.regex_check import GrammarError
+from sgl_lite.backend.constrained.vocab import vocabulary_for
 
 _JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 _TOKENIZERS: dict[int, tuple[Any, Any]] = {}
@@ -126,6 +129,7 @@ class LLGrammar:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
+        self.text_mask = text_token_mask(vocabulary_for(tokenizer))
         self._proto = LLMatcher(ll_tokenizer(tokenizer), grammar)
         if self._proto.is_error():
             raise GrammarError(f"llguidance cannot build the grammar: {self._proto.get_error()}")
@@ -137,81 +141,35 @@ class LLGrammar:
         return LLGuide(self, self._proto.deep_copy(), max_new_tokens, constraint)
 
 
-class LLGuide:
+class LLGuide(BackendGuide):
     """Where one request stands in an llguidance grammar (the Guide interface)."""
 
     def __init__(self, grammar: LLGrammar, matcher: Any, max_new_tokens, constraint) -> None:
+        super().__init__(grammar.eos_token_id, max_new_tokens, constraint)
         self.grammar = grammar
-        self.max_new_tokens = max_new_tokens
-        self.constraint = constraint
-        self.budget_closed = False
         self._matcher = matcher
-        self._advanced = 0
-        self._meta: dict[str, Any] | None = None
-        self._shifts = torch.arange(32, dtype=torch.int32)
 
-    @property
-    def num_advanced(self) -> int:
-        """How many tokens this guide has advanced over (and not rolled back)."""
-        return self._advanced
-
-    @property
-    def tokens_left(self) -> int | None:
-        """Budget left, or None without a budget (informational on this backend)."""
-        return None if self.max_new_tokens is None else self.max_new_tokens - self._advanced
-
-    def allowed_mask(self) -> torch.Tensor:
-        """(V,) bool of the tokens llguidance allows next (eos only where accepting)."""
+    def _fill_mask(self) -> torch.Tensor:
         from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
 
         bits = allocate_token_bitmask(1, self.grammar.vocab_size)  # (1, ceil(V/32)) int32
         fill_next_token_bitmask(self._matcher, bits, 0)
-        unpacked = (bits[0].unsqueeze(1) >> self._shifts) & 1  # (W, 32)
-        return unpacked.flatten()[: self.grammar.vocab_size].bool()
+        return unpack_bitmask(bits[0], self.grammar.vocab_size) & self.grammar.text_mask
 
-    def advance(self, token_id: int) -> None:
-        """Consumes `token_id`; raises GrammarError if the grammar does not allow it."""
-        if not self._matcher.consume_token(token_id):
-            raise GrammarError(
-                f"token {token_id} is not allowed (after {self._advanced} tokens): "
-                f"{self._matcher.get_error()}"
-            )
-        self._advanced += 1
+    def _consume(self, token_id: int) -> str | None:
+        return None if self._matcher.consume_token(token_id) else self._matcher.get_error()
+
+    def _rollback(self, n: int) -> None:
+        self._matcher.rollback(n)
 
     def is_accepting(self) -> bool:
         """Whether the output so far is complete (eos allowed)."""
         return bool(self._matcher.is_accepting())
 
     def is_finished(self) -> bool:
-        """Whether nothing but eos can follow."""
-        return bool(self._matcher.is_stopped())
-
-    def rollback(self, n: int) -> None:
-        """Undoes the last `n` advances."""
-        if not 0 <= n <= self._advanced:
-            raise ValueError(f"rollback needs 0 <= n <= {self._advanced} advances, got {n}")
-        if n:
-            self._matcher.rollback(n)
-            self._advanced -= n
+        """Whether nothing but eos can follow (llguidance's own stop, or the mask says so)."""
+        return bool(self._matcher.is_stopped()) or super().is_finished()
 
     def forced_tokens(self) -> list[int]:
         """The tokens llguidance forces from here (its fast-forward), possibly none."""
         return list(self._matcher.compute_ff_tokens())
-
-    def validate(self, text: str) -> str | None:
-        """None when `text` satisfies the request's constraint, else why not."""
-        if self.constraint is None or self.constraint[0] == "ebnf":
-            return (
-                None if self.is_accepting() else "output is not a complete sentence of the grammar"
-            )
-        kind, pattern = self.constraint
-        return check_output(kind, pattern, text)
-
-    def meta_info(self, text: str) -> dict[str, Any]:
-        """`budget_closed` (always False here) and `constraint_violation`, computed once."""
-        if self._meta is None:
-            violation = self.validate(text)
-            self._meta = {"budget_closed": False, "constraint_violation": violation}
-            if violation is not None:
-                COUNTERS.add("constraint_violations")
-        return dict(self._meta)

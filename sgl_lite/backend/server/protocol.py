@@ -95,6 +95,7 @@ class _SamplingFields(_Wire):
     no_stop_trim: StrictBool = False
     regex: StrictStr | None = None
     json_schema: StrictStr | dict[str, Any] | None = None
+    ebnf: StrictStr | None = None
     rid: StrictStr | None = None
     timeout: Timeout | None = None
 
