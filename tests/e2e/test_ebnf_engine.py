@@ -219,8 +219,12 @@ def test_dsl_gen_ebnf_through_the_engine(engine) -> None:
         )
         for state in states:
             assert state.error() is None, state.error()
-            check("sql", state["sql"])
-            check("arithmetic", state["math"])
+            for var, kind in (("sql", "sql"), ("math", "arithmetic")):
+                meta = state.get_meta_info(var)
+                if meta.get("budget_cut"):  # unseeded sampling ran out of tokens: flagged,
+                    assert temperature > 0 and meta["constraint_violation"], meta  # never valid
+                    continue
+                check(kind, state[var])
     engine.check_integrity()
 
 
