@@ -18,7 +18,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from sgl_lite.backend.decode_kv import KVView
 from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.weights.linear import Linear, dense_as_kernel
+from sgl_lite.backend.weights.linear import Linear
 from sgl_lite.backend.weights.quant import PackedWeight
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -124,6 +124,10 @@ def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     """Grouped-query attention reading and writing K/V in the pool by slot id."""
 
+    # Set by the runner in the int modes (float64): the dtype SDPA computes in, so a query's
+    # result rounds the same whatever the pass's padding and query count (weights/formats).
+    attn_dtype: torch.dtype | None = None
+
     def __init__(self, config: PretrainedConfig, layer_id: int) -> None:
         super().__init__()
         self.layer_id = layer_id
@@ -178,6 +182,8 @@ class Attention(nn.Module):
         q_batched = q_batched.view(batch, max_q, kv_heads, per_kv, dim).permute(0, 2, 3, 1, 4)
         q_batched = q_batched.reshape(batch, kv_heads, per_kv * max_q, dim)  # (B, Hkv, G*Q, D)
         k_batched, v_batched = self._keys_values(group, pool, k_new, v_new)  # (B, Hkv, K, D)
+        if self.attn_dtype is not None:  # a no-op for decode copies already kept in it
+            k_batched, v_batched = k_batched.to(self.attn_dtype), v_batched.to(self.attn_dtype)
         out = F.scaled_dot_product_attention(
             q_batched.to(k_batched.dtype), k_batched, v_batched, attn_mask=group.mask
         )  # (B, Hkv, G*Q, D)
@@ -267,9 +273,8 @@ class LlamaForCausalLM(nn.Module):
             None if self.tied else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
-        # A packed copy of the LM head for passes with few logits rows (set by the runner).
+        # A packed int8 copy of the LM head, for the int modes' passes (set by the runner).
         self.head_packed: PackedWeight | None = None
-        self.head_dense: torch.Tensor | None = None  # its values, dense, for many rows
 
     @torch.inference_mode()
     def forward(
@@ -283,11 +288,9 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, use_int: bool = False) -> torch.Tensor:
-        """hidden: (N, hidden) → float32 logits (N, vocab); `head_packed` for few rows."""
-        if self.head_packed is not None:
-            if use_int:
-                return self.head_packed.matmul(hidden.to(torch.bfloat16)).float()
-            return dense_as_kernel(hidden, self.head_dense).float()
+        """hidden: (N, hidden) → float32 logits (N, vocab); `head_packed` in the int modes."""
+        if self.head_packed is not None and use_int:
+            return self.head_packed.matmul(hidden.to(torch.bfloat16)).float()
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
         return F.linear(hidden, weight).float()
 
