@@ -128,4 +128,5 @@ def resolve_format(
         # each kernel's input, on values that are the same in every pass.
         dense, dense_reason = torch.float32, "activations float32 between the kernels"
     source = "the file's own weights" if quantization == "auto" else "requested"
+    source += ", one kernel for every pass so a token's K/V never depends on the pass"
     return WeightFormat(dense, kind, f"{source}; {dense_reason}", EXACT_ATTN_DTYPE)
