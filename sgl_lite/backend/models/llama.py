@@ -41,6 +41,9 @@ class AttentionGroup:
     # (B, 1, G * Q, K) True where the query may attend to the key, rows repeated for the G query
     # heads sharing a KV head; None when every query sees every key (one decode request)
     mask: torch.Tensor | None
+    # The same for sliding-window layers (a query at p sees keys in (p - window, p]); None when
+    # the model has no sliding layers or no key of the group falls out of the window
+    window_mask: torch.Tensor | None = None
     rows_in_order: bool = False  # q_index is arange(B)[:, None]: queries need no gather
     kv_view: KVView | None = None  # decode steps: K/V kept gathered between steps (decode_kv)
 
@@ -184,14 +187,18 @@ class Attention(nn.Module):
         k_batched, v_batched = self._keys_values(group, pool, k_new, v_new)  # (B, Hkv, K, D)
         if self.attn_dtype is not None:  # a no-op for decode copies already kept in it
             k_batched, v_batched = k_batched.to(self.attn_dtype), v_batched.to(self.attn_dtype)
-        out = F.scaled_dot_product_attention(
-            q_batched.to(k_batched.dtype), k_batched, v_batched, attn_mask=group.mask
-        )  # (B, Hkv, G*Q, D)
+        out = self._core(q_batched.to(k_batched.dtype), k_batched, v_batched, group.mask)
         out = out.view(batch, kv_heads, per_kv, max_q, dim).permute(0, 3, 1, 2, 4)
         out = out.reshape(batch * max_q, self.num_heads, dim)  # (B * Q, H, D)
         if max_q == 1:  # decodes: every padded row is a real query, already in order
             return out.to(q.dtype)
         return out.index_select(0, group.q_flat).to(q.dtype)  # (T_g, H, D)
+
+    def _core(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """softmax(q k^T / sqrt(D)) v over (B, Hkv, G*Q, D) queries → (B, Hkv, G*Q, D)."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     def _keys_values(
         self,
