@@ -147,7 +147,7 @@ class ModelRunner:
         )
         if fmt.int_kind is None:
             return fmt, note
-        dense, _ = resolve_dense_dtype(config.dtype, self.device.type, caps)  # if `auto` drops them
+        dense = resolve_dense_dtype(config.dtype, self.device.type, caps)  # if `auto` drops them
         try:
             packed = pack_model(model, fmt.int_kind, quantized)
             pairs = packed.probe_pairs()
@@ -157,14 +157,14 @@ class ModelRunner:
             if config.quantization != "auto":
                 msg = f"quantization={config.quantization} cannot run here: {exc}"
                 raise ValueError(msg) from exc
-            return fmt.dense_only(dense, f"{fmt.int_kind} kernel failed: {exc}"), note
+            return fmt.dense_only(*dense, f"{fmt.int_kind} kernel failed: {exc}"), note
         if not invariant:
             why = f"{fmt.int_kind} kernel results depend on the batch's other rows here"
             if config.quantization == "auto":
-                return fmt.dense_only(dense, f"{why}: cache on/off would differ"), note
+                return fmt.dense_only(*dense, f"{why}: cache on/off would differ"), note
             logger.warning("%s: greedy output may differ with the cache on and off", why)
         if config.quantization == "auto" and not timing.wins:
-            return fmt.dense_only(dense, f"{timing.describe()}: dense is faster here"), note
+            return fmt.dense_only(*dense, f"{timing.describe()}: dense is faster here"), note
         packed.install(model)
         note += f"; kernels row-invariant; {timing.describe()}; {packed.report.describe()}"
         return fmt, note

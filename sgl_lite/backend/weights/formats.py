@@ -44,9 +44,10 @@ class WeightFormat:
     reason: str
     attn_dtype: torch.dtype | None = None
 
-    def dense_only(self, dense: torch.dtype, why: str) -> WeightFormat:
-        """Dense `dense` weights without int kernels, and why the kernels were dropped."""
-        return WeightFormat(dense, None, f"{self.reason}; {why}")
+    def dense_only(self, dense: torch.dtype, dense_reason: str, why: str) -> WeightFormat:
+        """Dense `dense` weights (chosen for `dense_reason`) without the int kernels, and why
+        they were dropped."""
+        return WeightFormat(dense, None, f"{dense_reason}; {self.int_kind} dropped: {why}")
 
     def describe(self) -> str:
         """`int4 kernels for every pass, float32 activations, float64 attention (why...)`."""
