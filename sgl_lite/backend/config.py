@@ -37,11 +37,9 @@ class EngineConfig:
     served_model_name: str | None = None
     device: str = field(default_factory=default_device)
     dtype: str = "auto"
-    # NOTE: "none" by default, as in SGLang. `auto` (the GGUF's own int4 codes on the int
-    # kernels for small passes) is faster but computes small and large passes with different
-    # rounding (bf16 activations in the kernels), so greedy output with the cache on and off can
-    # part at near-ties; it is opt-in until that is closed (see backend/weights/formats.py).
-    quantization: str = "none"
+    # `auto`: a GGUF's own 4/8-bit codes on torch's int kernels for every pass, attention in
+    # float64, so greedy output stays identical with the cache on and off (backend/weights/).
+    quantization: str = "auto"
     # NOTE: torch's intra-op thread count is process-wide; the engine sets it only when this is
     # given (here or by SGL_LITE_NUM_THREADS through from_kwargs), and leaves it alone otherwise.
     num_threads: int | None = None

@@ -40,8 +40,11 @@ class KVView:
 class DecodeKV:
     """Gathered K/V copies of the last decode batch (see the module doc)."""
 
-    def __init__(self, pool: KVPool) -> None:
+    def __init__(self, pool: KVPool, dtype: torch.dtype | None = None) -> None:
         self.pool = pool
+        # The copies are kept in the dtype attention computes in (float64 in the int modes), so
+        # a step converts only its new rows, not the whole prefix per layer.
+        self.dtype = dtype or pool.k.dtype
         self._rows: list[torch.Tensor] | None = None  # previous step's kv_slots per request
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
@@ -60,7 +63,7 @@ class DecodeKV:
         longest = max(s.end for s in segments)
         capacity = max(self._shape[1], -(-longest // ROUND) * ROUND)
         pool = self.pool
-        row_bytes = pool.num_kv_heads * pool.head_dim * pool.k.element_size()
+        row_bytes = pool.num_kv_heads * pool.head_dim * self.dtype.itemsize
         if 2 * pool.num_layers * batch * capacity * row_bytes > MAX_BYTES:
             self.reset()
             return None
@@ -76,7 +79,7 @@ class DecodeKV:
         )
         if (batch, capacity) != self._shape:
             shape = (batch * capacity, pool.num_kv_heads, pool.head_dim)
-            make = lambda: torch.zeros(shape, dtype=pool.k.dtype, device=pool.device)  # noqa: E731
+            make = lambda: torch.zeros(shape, dtype=self.dtype, device=pool.device)  # noqa: E731
             self._k = [make() for _ in range(pool.num_layers)]
             self._v = [make() for _ in range(pool.num_layers)]
             self._shape = (batch, capacity)

@@ -28,13 +28,14 @@ from sgl_lite.backend.model_loader import (
 )
 from sgl_lite.backend.models import build_model, family_of
 from sgl_lite.backend.models.llama import (
+    Attention,
     AttentionGroup,
     AttentionMetadata,
     LlamaForCausalLM,
     head_dim_of,
 )
-from sgl_lite.backend.weights.cpu import cpu_caps, time_packed
-from sgl_lite.backend.weights.formats import WeightFormat, resolve_format
+from sgl_lite.backend.weights.cpu import cpu_caps, rows_invariant, time_packed
+from sgl_lite.backend.weights.formats import WeightFormat, resolve_dense_dtype, resolve_format
 from sgl_lite.backend.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.weights.packing import pack_model, shape_problem
 
@@ -93,6 +94,9 @@ class ModelRunner:
             raise ModelLoadError(f"{model_folder}: {exc}") from exc
         self.format, pack_note = self._pack(model, model_folder, config)
         self.model = model.to(device=self.device, dtype=self.format.dense_dtype).eval()
+        for module in self.model.modules():
+            if isinstance(module, Attention):
+                module.attn_dtype = self.format.attn_dtype
         self.model.rope.to(torch.float32)  # position tables stay exact whatever the weight dtype
         self.vocab_size = self.hf_config.vocab_size
         self.pool = KVPool(
@@ -107,7 +111,9 @@ class ModelRunner:
         # Captured decode steps build their own masks, without windows.
         sliding = getattr(self.model, "sliding_window", None) is not None
         self.graphs = DecodeGraphs(self) if DecodeGraphs.wanted(self) and not sliding else None
-        self.decode_kv = DecodeKV(self.pool) if self.graphs is None else None
+        self.decode_kv = (
+            DecodeKV(self.pool, self.format.attn_dtype) if self.graphs is None else None
+        )
         logger.info(
             "sgl_lite weights: %s%s; load %.1fs",
             self.format.describe(),
@@ -143,18 +149,26 @@ class ModelRunner:
         )
         if fmt.int_kind is None:
             return fmt, note
+        dense = resolve_dense_dtype(config.dtype, self.device.type, caps)  # if `auto` drops them
         try:
             packed = pack_model(model, fmt.int_kind, quantized)
-            timing = time_packed(fmt.int_kind, packed.probe_pairs(), fmt.dense_dtype)
+            pairs = packed.probe_pairs()
+            invariant = rows_invariant(pairs[0][0])
+            timing = time_packed(fmt.int_kind, pairs, fmt.dense_dtype)
         except RuntimeError as exc:  # the kernel is missing or fails on this build/CPU
             if config.quantization != "auto":
                 msg = f"quantization={config.quantization} cannot run here: {exc}"
                 raise ValueError(msg) from exc
-            return fmt.dense_only(f"{fmt.int_kind} kernel failed: {exc}"), note
+            return fmt.dense_only(*dense, f"{fmt.int_kind} kernel failed: {exc}"), note
+        if not invariant:
+            why = f"{fmt.int_kind} kernel results depend on the batch's other rows here"
+            if config.quantization == "auto":
+                return fmt.dense_only(*dense, f"{why}: cache on/off would differ"), note
+            logger.warning("%s: greedy output may differ with the cache on and off", why)
         if config.quantization == "auto" and not timing.wins:
-            return fmt.dense_only(f"{timing.describe()}: dense is faster here"), note
-        packed.install(model, torch.float32)  # cast with the rest of the model below
-        note += f"; {timing.describe()}; {packed.report.describe()}"
+            return fmt.dense_only(*dense, f"{timing.describe()}: dense is faster here"), note
+        packed.install(model)
+        note += f"; kernels row-invariant; {timing.describe()}; {packed.report.describe()}"
         return fmt, note
 
     def forward(self, segments: list[Segment]) -> ForwardOutput:
@@ -190,9 +204,10 @@ class ModelRunner:
         return ForwardOutput(logits, ranges)
 
     def _use_int(self, tokens: int) -> bool:
-        """Whether a pass over `tokens` rows runs the packed int kernels (see WeightFormat)."""
+        """Whether a pass over `tokens` rows runs the packed int kernels: every pass does in the
+        int modes, so a token's K/V is the same whichever pass computed it (see formats)."""
         fmt = getattr(self, "format", None)  # absent on runners built around a bare model
-        return fmt is not None and fmt.int_kind is not None and tokens <= fmt.int_max_tokens
+        return fmt is not None and fmt.int_kind is not None
 
     def _metadata(self, segments: list[Segment], use_int: bool = False) -> AttentionMetadata:
         dev = self.device

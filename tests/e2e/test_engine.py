@@ -188,7 +188,7 @@ def test_stop_regex_is_trimmed_and_reported(engine, smollm_tokenizer):
     assert all(out["text"].startswith(c["text"]) for c in chunks)
 
 
-def test_logprobs_match_a_full_forward(engine, smollm_tokenizer, hf_smollm):
+def test_logprobs_match_a_full_forward(engine, uncached_engine, smollm_tokenizer, hf_smollm):
     ids = smollm_tokenizer.encode("The quick brown fox jumps over the lazy dog")
     engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})  # cache it first
     out = engine.generate(
@@ -200,17 +200,31 @@ def test_logprobs_match_a_full_forward(engine, smollm_tokenizer, hf_smollm):
         return_text_in_logprobs=True,
     )
     meta = out["meta_info"]
-    with torch.no_grad():
-        logprobs = torch.log_softmax(hf_smollm(torch.tensor([ids])).logits[0].float(), -1)
     entries = meta["input_token_logprobs"]
+    if engine.runner.format.int_kind is None:
+        with torch.no_grad():
+            logprobs = torch.log_softmax(hf_smollm(torch.tensor([ids])).logits[0].float(), -1)
+        expected = [None] + [logprobs[pos - 1, ids[pos]].item() for pos in range(1, len(ids))]
+        expected_first = logprobs[-1].max().item()
+    else:
+        # The int modes run the file's 4-bit codes, not transformers' float32 weights: the full
+        # forward to match is the uncached engine's, in the same mode.
+        full = uncached_engine.generate(
+            input_ids=ids,
+            sampling_params={"temperature": 0, "max_new_tokens": 1},
+            return_logprob=True,
+            logprob_start_len=0,
+        )["meta_info"]
+        expected = [entry[0] for entry in full["input_token_logprobs"]]
+        expected_first = full["output_token_logprobs"][0][0]
     assert len(entries) == len(ids) and entries[0][0] is None and entries[0][1] == ids[0]
     for pos in range(1, len(ids)):
         assert entries[pos][1] == ids[pos]
-        assert abs(entries[pos][0] - logprobs[pos - 1, ids[pos]].item()) < 1e-3
+        assert abs(entries[pos][0] - expected[pos]) < 1e-3
     assert entries[1][2] == smollm_tokenizer.decode([ids[1]])
     assert len(meta["output_token_logprobs"]) == 3
     assert meta["output_token_logprobs"][0][1] == out["output_ids"][0]
-    assert abs(meta["output_token_logprobs"][0][0] - logprobs[-1].max().item()) < 1e-3
+    assert abs(meta["output_token_logprobs"][0][0] - expected_first) < 1e-3
     assert len(meta["output_top_logprobs"][0]) == 2
 
 

@@ -15,7 +15,7 @@ from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.model_runner import ModelRunner, Segment
 from sgl_lite.backend.models.llama import LlamaForCausalLM, head_dim_of
 from sgl_lite.backend.weights import quant
-from sgl_lite.backend.weights.cpu import cpu_caps
+from sgl_lite.backend.weights.cpu import cpu_caps, rows_invariant
 from sgl_lite.backend.weights.formats import resolve_format
 from sgl_lite.backend.weights.gguf_tensors import _decode_blocks, read_quantized
 from sgl_lite.backend.weights.packing import pack_model
@@ -148,6 +148,11 @@ def test_auto_picks_dense_bf16_only_where_the_cpu_has_a_bf16_gemm():
     assert fmt.int_kind is None
     fmt = resolve_format(dtype="auto", quantization="auto", device="cpu", caps=caps, file_kind=None)
     assert fmt.int_kind is None  # a float checkpoint is never quantized by `auto`
+    fmt = resolve_format(
+        dtype="auto", quantization="auto", device="cpu", caps=caps, file_kind="int4"
+    )
+    # a quantized file: its kernels for every pass, float32 between them, float64 attention
+    assert (fmt.int_kind, fmt.dense_dtype, fmt.attn_dtype) == ("int4", torch.float32, torch.float64)
 
 
 class _TinyRunner:
@@ -171,7 +176,7 @@ class _TinyRunner:
         model.load_hf_state_dict(hf.state_dict())
         int_kind = None
         if kind is not None:
-            pack_model(model, kind, {}).install(model, torch.float32)
+            pack_model(model, kind, {}).install(model)
             int_kind = kind
         runner = ModelRunner.__new__(ModelRunner)
         runner.model, runner.device = model, torch.device("cpu")
@@ -182,18 +187,33 @@ class _TinyRunner:
             dtype="float32", quantization=kind or "none", device="cpu", caps=None, file_kind=None
         )
         assert runner.format.int_kind == int_kind
+        for layer in model.layers:
+            layer.self_attn.attn_dtype = runner.format.attn_dtype
         self.runner = runner
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_tiny_model_int_path_agrees_with_its_dense_path(kind):
-    """Decode-sized passes (int kernels) and a prefill (dense copy) see the same weights."""
+def test_tiny_model_int_path_gives_the_same_bits_in_every_pass_shape_and_stays_near_float(kind):
+    """One prefill, decode steps and uneven chunks compute the very same logits (the int
+    kernels run every pass, attention in float64), near the float32 model's."""
     tiny = _TinyRunner(kind)
     ids = torch.randint(0, 256, (48,), generator=torch.Generator().manual_seed(3)).tolist()
-    dense = _logits(tiny.runner, ids, chunk=48)
-    small = _logits(tiny.runner, ids, chunk=1)
-    assert (dense - small).abs().max() <= 0.05 * dense.abs().max()
-    assert (dense.argmax(-1) == small.argmax(-1)).float().mean() >= 0.95
+    whole = _logits(tiny.runner, ids, chunk=48)
+    for chunk in (1, 5, 17):
+        assert torch.equal(_logits(tiny.runner, ids, chunk), whole), f"chunk {chunk}"
+    dense = _logits(_TinyRunner(None).runner, ids, chunk=48)
+    assert (dense - whole).abs().max() <= 0.05 * dense.abs().max()
+    assert (dense.argmax(-1) == whole.argmax(-1)).float().mean() >= 0.95
+
+
+def test_int_kernels_are_row_invariant_on_this_cpu_or_auto_runs_dense(smollm_folder):
+    """The int modes' cache on/off guarantee rests on the kernels' row invariance, checked at
+    load; `auto` keeps the kernels only where it holds."""
+    torch.manual_seed(0)
+    weight = torch.randn(96, 128) * 0.05
+    invariant = rows_invariant(quant.Int4Weight.from_float(weight))
+    runner = _runner(smollm_folder, quantization="auto")
+    assert (runner.format.int_kind == "int4") == invariant, runner.format.describe()
 
 
 def test_embedded_model_in_auto_matches_float32_top1_and_perplexity(
@@ -201,19 +221,19 @@ def test_embedded_model_in_auto_matches_float32_top1_and_perplexity(
 ):
     reference = _runner(smollm_folder, dtype="float32", quantization="none")
     auto = _runner(smollm_folder, quantization="auto")  # dtype auto by default
-    caps = cpu_caps()
     assert auto.format.int_kind == "int4", auto.format.describe()  # the file's own Q4_1
-    assert auto.format.dense_dtype == (torch.bfloat16 if caps.fast_bf16 else torch.float32)
+    assert auto.format.dense_dtype == torch.float32
+    assert auto.model.layers[0].mlp.down_proj.weight.numel() == 0  # no dense copy is kept
 
     prompt = smollm_tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)[:64]
     ref = _logits(reference, prompt, chunk=64)
-    for chunk in (64, 1):  # prefill (dense copy) and decode (int kernels)
+    for chunk in (64, 1):  # prefill and decode, both on the int kernels
         ours = _logits(auto, prompt, chunk)
         agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
         assert agree >= 62 / 64, f"chunk {chunk}: top-1 agreement {agree:.3f}"
 
     text = smollm_tokenizer.encode(PPL_TEXT)
     ppl_ref = _perplexity(_logits(reference, text, chunk=len(text)), text)
-    for chunk in (len(text), 16):  # one prefill; 16-token chunks through the int kernels
+    for chunk in (len(text), 16):  # one prefill; 16-token chunks
         ppl = _perplexity(_logits(auto, text, chunk), text)
         assert abs(ppl / ppl_ref - 1) <= 0.01, f"chunk {chunk}: ppl {ppl:.3f} vs {ppl_ref:.3f}"

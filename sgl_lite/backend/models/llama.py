@@ -30,7 +30,7 @@ from sgl_lite.backend.models.rope import (  # noqa: F401  (re-exported: the publ
     rotary_dim_of,
 )
 from sgl_lite.backend.models.spec import LLAMA, DecoderSpec
-from sgl_lite.backend.weights.linear import Linear, dense_as_kernel
+from sgl_lite.backend.weights.linear import Linear
 from sgl_lite.backend.weights.quant import PackedWeight
 
 
@@ -84,6 +84,10 @@ def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 class Attention(nn.Module):
     """Grouped-query attention reading and writing K/V in the pool by slot id."""
+
+    # Set by the runner in the int modes (float64): the dtype SDPA computes in, so a query's
+    # result rounds the same whatever the pass's padding and query count (weights/formats).
+    attn_dtype: torch.dtype | None = None
 
     def __init__(self, config: PretrainedConfig, layer_id: int, spec: DecoderSpec = LLAMA) -> None:
         super().__init__()
@@ -164,6 +168,8 @@ class Attention(nn.Module):
         q_batched = q_batched.view(batch, max_q, kv_heads, per_kv, dim).permute(0, 2, 3, 1, 4)
         q_batched = q_batched.reshape(batch, kv_heads, per_kv * max_q, dim)  # (B, Hkv, G*Q, D)
         k_batched, v_batched = self._keys_values(group, pool, k_new, v_new)  # (B, Hkv, K, D)
+        if self.attn_dtype is not None:  # a no-op for decode copies already kept in it
+            k_batched, v_batched = k_batched.to(self.attn_dtype), v_batched.to(self.attn_dtype)
         out = self._core(q_batched.to(k_batched.dtype), k_batched, v_batched, group.mask)
         out = out.view(batch, kv_heads, per_kv, max_q, dim).permute(0, 3, 1, 2, 4)
         out = out.reshape(batch * max_q, self.num_heads, dim)  # (B * Q, H, D)
@@ -314,9 +320,8 @@ class LlamaForCausalLM(nn.Module):
         self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
         self.embedding_multiplier = float(config.embedding_multiplier) if spec.multipliers else 1.0
         self.logits_scaling = float(config.logits_scaling) if spec.multipliers else 1.0
-        # A packed copy of the LM head for passes with few logits rows (set by the runner).
+        # A packed int8 copy of the LM head, for the int modes' passes (set by the runner).
         self.head_packed: PackedWeight | None = None
-        self.head_dense: torch.Tensor | None = None  # its values, dense, for many rows
 
     def make_layer(self, config: PretrainedConfig, layer_id: int, spec: DecoderSpec) -> nn.Module:
         """Decoder block `layer_id`; a family with a block of its own overrides this."""
@@ -336,12 +341,9 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, use_int: bool = False) -> torch.Tensor:
-        """hidden: (N, hidden) → float32 logits (N, vocab); `head_packed` for few rows."""
-        if self.head_packed is not None:
-            if use_int:
-                logits = self.head_packed.matmul(hidden.to(torch.bfloat16)).float()
-            else:
-                logits = dense_as_kernel(hidden, self.head_dense).float()
+        """hidden: (N, hidden) → float32 logits (N, vocab); `head_packed` in the int modes."""
+        if self.head_packed is not None and use_int:
+            logits = self.head_packed.matmul(hidden.to(torch.bfloat16)).float()
         else:
             weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
             logits = F.linear(hidden, weight).float()

@@ -1,10 +1,14 @@
 """Which weight format a model runs in: `dtype` and `quantization` resolved against the file and
 the CPU, with the reason in words for the start-up line.
 
-Two paths share one set of weights. Passes of at most `int_max_tokens` tokens (decode of small
-batches) run the packed int kernels with bf16 activations, where streaming 4 or 8 bits per weight
-wins; larger passes (prefill, big batches) run dense `dense_dtype` GEMMs over the same weights
-dequantized once at load, where compute, not memory, bounds the time.
+With an int kind, every pass (prefill and decode, any batch) runs the packed int kernels: a
+token's K/V must not depend on which pass computed it, or greedy output with the radix cache on
+and off parts at near-ties (a dense prefill and an int decode round differently, and the bf16
+cast at each kernel's input turns a last-bit difference into a 0.4 % one). torch's int4/int8 CPU
+kernels are row-invariant (a row's result does not depend on the other rows; the runner checks
+this at load), the norms, RoPE and SwiGLU are row-wise, and attention, whose float32 result
+depends on the padding and the query count of the pass, runs in float64 (`attn_dtype`) so its
+float32 rounding comes out the same. No dense copy of the linears is kept.
 """
 
 from __future__ import annotations
@@ -24,34 +28,36 @@ DTYPE_CHOICES = {
     "float16": torch.float16,
 }
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4")
-# Measured (2 threads, SmolLM2 shapes): the int kernels grow linearly with the token count; a
-# bf16 oneDNN GEMM (AVX512-BF16/AMX) is nearly flat and wins from ~8 tokens, float32 (no bf16
-# GEMM, e.g. AVX2-only EPYC) only from ~16.
-INT_MAX_TOKENS_BF16_CPU = 4
-INT_MAX_TOKENS_F32_CPU = 16
+# Attention of the int modes: float64 differences (summation order, padding) sit ~2^-29 below
+# float32's rounding step, so the float32 result is the same in every pass (measured: K/V and
+# logits bitwise equal prefill vs decode vs padded batch on the embedded model).
+EXACT_ATTN_DTYPE = torch.float64
 
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """The resolved format: dense dtype, int kernel for small passes (or None), and why."""
+    """The resolved format: activation/dense dtype, int kernel for every pass (or None), the
+    dtype attention runs in (None: the activations'), and why."""
 
     dense_dtype: torch.dtype
     int_kind: str | None
-    int_max_tokens: int
     reason: str
+    attn_dtype: torch.dtype | None = None
 
-    def dense_only(self, why: str) -> WeightFormat:
-        """The same dense dtype without int kernels, and why they were dropped."""
-        return WeightFormat(self.dense_dtype, None, 0, f"{self.reason}; {why}")
+    def dense_only(self, dense: torch.dtype, dense_reason: str, why: str) -> WeightFormat:
+        """Dense `dense` weights (chosen for `dense_reason`) without the int kernels, and why
+        they were dropped."""
+        return WeightFormat(dense, None, f"{dense_reason}; {self.int_kind} dropped: {why}")
 
     def describe(self) -> str:
-        """`int4 for passes <= 16 tokens, float32 dense otherwise (why...)`."""
+        """`int4 kernels for every pass, float32 activations, float64 attention (why...)`."""
         dense = str(self.dense_dtype).removeprefix("torch.")
         if self.int_kind is None:
             return f"{dense} ({self.reason})"
+        attn = str(self.attn_dtype or self.dense_dtype).removeprefix("torch.")
         return (
-            f"{self.int_kind} for passes <= {self.int_max_tokens} tokens, {dense} dense "
-            f"otherwise ({self.reason})"
+            f"{self.int_kind} kernels for every pass, {dense} activations, {attn} attention "
+            f"({self.reason})"
         )
 
 
@@ -92,8 +98,9 @@ def resolve_format(
 
     `file_kind` is the int kernel that matches the checkpoint's own quantization ("int4" for a
     GGUF of Q4_x layers), or None for a float checkpoint; `auto` never quantizes coarser than
-    the file. The runner then packs and times the kernels (`cpu.time_packed`) and, for `auto`,
-    keeps them only if they win (`dense_only`). Raises ValueError for a request that cannot run
+    the file. The runner then packs, checks and times the kernels (`cpu.rows_invariant`,
+    `cpu.time_packed`) and, for `auto`, keeps them only if they are row-invariant and win
+    (`dense_only`). Raises ValueError for a request that cannot run
     here.
     """
     if quantization not in QUANTIZATION_CHOICES:
@@ -115,10 +122,12 @@ def resolve_format(
             if on_cuda
             else "no int-kernel format in the file"
         )
-        return WeightFormat(dense, None, 0, f"{dense_reason}; {why}")
+        return WeightFormat(dense, None, f"{dense_reason}; {why}")
     kind = quantization if quantization != "auto" else file_kind
-    max_tokens = INT_MAX_TOKENS_BF16_CPU if dense is torch.bfloat16 else INT_MAX_TOKENS_F32_CPU
-    if caps is not None and caps.fast_bf16 and dense is torch.float32:
-        max_tokens = INT_MAX_TOKENS_F32_CPU
+    if dtype == "auto":
+        # Between the kernels the activations stay float32: the only rounding to bf16 is at
+        # each kernel's input, on values that are the same in every pass.
+        dense, dense_reason = torch.float32, "activations float32 between the kernels"
     source = "the file's own weights" if quantization == "auto" else "requested"
-    return WeightFormat(dense, kind, max_tokens, f"{source}; {dense_reason}")
+    source += ", one kernel for every pass so a token's K/V never depends on the pass"
+    return WeightFormat(dense, kind, f"{source}; {dense_reason}", EXACT_ATTN_DTYPE)

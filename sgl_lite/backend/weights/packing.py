@@ -1,12 +1,11 @@
 """Packs a loaded model's linears for the int kernels, at load (packed layouts are CPU-specific,
 so nothing packed is ever written to disk).
 
-One model, two paths: each decoder linear gets a packed copy, and its dense weight becomes
-exactly the matrix the kernel multiplies by (the file's codes with scale and zero rounded to
-bf16, or our round-to-nearest codes for a float checkpoint); the LM head gets an int8 copy and a
-dense head of the same int8 values. `Linear.run` also rounds the dense path's activations as the
-kernels do, so a token computed in a prefill (dense) and the same token in a decode step (int)
-differ only in summation order: greedy output stays the same with the cache on and off."""
+Each decoder linear gets a packed copy (the file's own 4-bit codes where it has them, our
+round-to-nearest codes otherwise) and the LM head an int8 copy. Once installed, the kernels run
+every pass (see formats), so the dense float weights of the linears are freed: the model then
+holds the packed bytes, the embedding and the norms.
+"""
 
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ class PackReport:
 
     seconds: float
     packed_bytes: int
-    dense_bytes: int
+    dense_bytes: int  # the float32 linears (and untied head) freed by `install`
     from_file: int  # linears packed from the file's own codes (no requantisation)
     total: int
 
@@ -50,8 +49,8 @@ class PackReport:
         """One phrase for the start-up line."""
         return (
             f"packed {self.total} linears ({self.from_file} from the file's codes) in "
-            f"{self.seconds:.1f}s: {self.packed_bytes / 2**20:.0f} MB packed, on top of "
-            f"{self.dense_bytes / 2**20:.0f} MB of dense float32 linears for large passes"
+            f"{self.seconds:.1f}s: {self.packed_bytes / 2**20:.0f} MB packed in place of "
+            f"{self.dense_bytes / 2**20:.0f} MB of float32 linears"
         )
 
 
@@ -81,44 +80,40 @@ def _nbytes(packed: PackedWeight) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _pack_one(
-    weight: torch.Tensor, kind: str, affine: GroupAffine | None
-) -> tuple[PackedWeight, torch.Tensor | None]:
-    """A packed weight and the new dense weight (None: the file's own codes, keep it)."""
+def _pack_one(weight: torch.Tensor, kind: str, affine: GroupAffine | None) -> PackedWeight:
+    """`weight` packed for `kind`; int4 from the file's codes `affine` when given."""
     if kind == "int8":
-        packed8 = Int8Weight.from_float(weight)
-        return packed8, packed8.dequantize()
-    affine = affine if affine is not None else affine_int4(weight)
-    return Int4Weight.from_affine(affine), Int4Weight.kernel_matrix(affine)
+        return Int8Weight.from_float(weight)
+    return Int4Weight.from_affine(affine if affine is not None else affine_int4(weight))
 
 
 @dataclass
 class PackedModel:
     """Packed copies of a model's linears, not yet installed (so a failed probe changes nothing)."""
 
-    # (module, packed, the kernel's matrix as the new dense weight, or None to keep the file's)
-    linears: list[tuple[Linear, PackedWeight, torch.Tensor | None]]
+    linears: list[tuple[Linear, PackedWeight]]
     head: Int8Weight
     report: PackReport
 
     def probe_pairs(self) -> list[tuple[PackedWeight, torch.Tensor]]:
-        """(packed, dense) of every layer's largest input-width linear, for `time_packed`."""
-        widest = max(linear.in_features * linear.out_features for linear, _, _ in self.linears[:4])
+        """(packed, dense) of every layer's largest linear, for `time_packed` (before install:
+        the dense weights are still there)."""
+        widest = max(linear.in_features * linear.out_features for linear, _ in self.linears[:4])
         return [
-            (packed, linear.weight.detach() if dense is None else dense)
-            for linear, packed, dense in self.linears
+            (packed, linear.weight.detach())
+            for linear, packed in self.linears
             if linear.in_features * linear.out_features == widest
         ]
 
-    def install(self, model: Any, dense_dtype: torch.dtype) -> None:
-        """Gives each linear its packed copy and, as its dense weight, the kernel's matrix."""
-        for linear, packed, dense in self.linears:
+    def install(self, model: Any) -> None:
+        """Gives each linear (and the head) its packed copy and frees the dense weights."""
+        for linear, packed in self.linears:
             linear.packed = packed
-            if dense is not None:
-                linear.weight = nn.Parameter(dense.to(dense_dtype), requires_grad=False)
+            # An empty weight, not None: `.to(dtype)` and state listings keep working.
+            linear.weight = nn.Parameter(torch.empty(0, linear.in_features), requires_grad=False)
         model.head_packed = self.head
-        # A dense head of the int8 values (untied from the embedding, which stays the file's).
-        model.head_dense = nn.Parameter(self.head.dequantize().to(dense_dtype), requires_grad=False)
+        if model.lm_head is not None:  # untied: the head's own dense copy goes too
+            model.lm_head.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
 
 def pack_model(model: Any, kind: str, quantized: dict[str, GroupAffine]) -> PackedModel:
@@ -137,11 +132,13 @@ def pack_model(model: Any, kind: str, quantized: dict[str, GroupAffine]) -> Pack
         if kind == "int4" and all(p is not None and p.bits == 4 for p in parts):
             affine = GroupAffine.cat(parts)  # type: ignore[arg-type]
             from_file += 1
-        packed, dense = _pack_one(linear.weight.detach(), kind, affine)
-        linears.append((linear, packed, dense))
+        packed = _pack_one(linear.weight.detach(), kind, affine)
+        linears.append((linear, packed))
         packed_bytes += _nbytes(packed)
         dense_bytes += linear.weight.numel() * 4  # float32 until the model is cast
     source = model.embed_tokens.weight if model.tied else model.lm_head.weight
+    if not model.tied:
+        dense_bytes += source.numel() * 4
     # The head stays int8 even in int4 mode: GGUF files keep it at 8 bits or finer.
     head = Int8Weight.from_float(source.detach())
     packed_bytes += _nbytes(head)
