@@ -108,14 +108,7 @@ class GemmaAttention(Attention):
             )
         qk = apply_rope(qk, meta.cos, meta.sin)
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]
-        pool.write(self.layer_id, meta.out_slots, k, v)
-        if len(meta.groups) == 1:
-            out = self._attend(q, meta.groups[0], pool, k, v)
-        else:
-            out = q.new_empty(T, self.num_heads, self.head_dim)
-            for group in meta.groups:
-                out.index_copy_(0, group.rows, self._attend(q, group, pool))
-        return self.o_proj.run(out.reshape(T, -1), meta.use_int)
+        return self.attend_and_project(q, k, v, meta, pool)
 
     def _core(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None

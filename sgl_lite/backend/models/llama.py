@@ -121,15 +121,26 @@ class Attention(nn.Module):
         qk = qkv[:, :qk_heads] if self.qk_norm is None else self._normed_qk(flat)
         qk = self.rope(qk, meta.cos, meta.sin)  # (T, H + Hkv, D)
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]
-        pool.write(self.layer_id, meta.out_slots, k, v)
+        return self.attend_and_project(q, k, v, meta, pool)
 
+    def attend_and_project(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        pool: KVPool,
+    ) -> torch.Tensor:
+        """Writes the new K/V (T, Hkv, D) to the pool, attends every group's queries (T, H, D)
+        over their sequences and applies o_proj → (T, hidden)."""
+        pool.write(self.layer_id, meta.out_slots, k, v)
         if len(meta.groups) == 1:  # the common case: the group's rows are all rows, in order
             out = self._attend(q, meta.groups[0], pool, k, v)
         else:
-            out = q.new_empty(T, self.num_heads, self.head_dim)
+            out = q.new_empty(q.shape[0], self.num_heads, self.head_dim)
             for group in meta.groups:
                 out.index_copy_(0, group.rows, self._attend(q, group, pool))
-        return self.o_proj.run(out.reshape(T, -1), meta.use_int)
+        return self.o_proj.run(out.reshape(q.shape[0], -1), meta.use_int)
 
     def _normed_qk(self, qkv: torch.Tensor) -> torch.Tensor:
         """q and k of the fused projection (T, (H + 2 * Hkv) * D), RMS-normed → (T, H + Hkv, D)."""

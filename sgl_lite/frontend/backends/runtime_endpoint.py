@@ -207,15 +207,7 @@ class RuntimeEndpoint(Backend):
         # NOTE: SGLang's server streams only the new entries of each logprob list; the Backend
         # protocol reports them cumulatively (the last result has the full meta).
         seen: dict[str, list] = {}
-        for line in resp.iter_lines(decode_unicode=True):
-            if not line or not line.startswith("data:"):
-                continue
-            data = line[len("data:") :].strip()
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                raise RuntimeError(f"server error while streaming: {chunk['error']}")
+        for chunk in _sse_chunks(resp):
             meta = dict(chunk.get("meta_info", {}))
             for key in _STREAMED_LOGPROB_KEYS:
                 if isinstance(meta.get(key), list):
@@ -227,15 +219,7 @@ class RuntimeEndpoint(Backend):
         """The cumulative text of one streamed /generate (SGLang's Runtime.async_generate)."""
         body = {"text": prompt, "sampling_params": sampling_params or {}, "stream": True}
         resp = self._send("POST", "/generate", body, stream=True)
-        for line in resp.iter_lines(decode_unicode=True):
-            if not line or not line.startswith("data:"):
-                continue
-            data = line[len("data:") :].strip()
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                raise RuntimeError(f"server error while streaming: {chunk['error']}")
+        for chunk in _sse_chunks(resp):
             yield chunk["text"]
 
     def cache_prefix(self, text: str) -> None:
@@ -344,6 +328,21 @@ _NO_PROFILER = (
     "start_profile/stop_profile: sgl_lite has no profiler endpoint; profile the server process "
     "with py-spy or torch.profiler, and read per-request timings from /metrics"
 )
+
+
+def _sse_chunks(resp: Any) -> Iterator[dict]:
+    """The JSON objects of a streamed /generate response, up to `data: [DONE]`; a chunk that
+    carries an error raises RuntimeError."""
+    for line in resp.iter_lines(decode_unicode=True):
+        if not line or not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise RuntimeError(f"server error while streaming: {chunk['error']}")
+        yield chunk
 
 
 def _json(resp: Any) -> Any:
