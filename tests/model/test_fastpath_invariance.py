@@ -1,7 +1,8 @@
-"""The fast path (`quantization="auto"`: the GGUF's int4 codes on every pass, float64 attention) computes
-a token's K/V and logits to the same bits whichever pass computes it: one prefill, a cached
-prefix plus decode steps, or decode steps beside another request of a different length (padded
-attention). That is what keeps greedy output identical with the radix cache on and off."""
+"""The fast path (`quantization="auto"`: the GGUF's int4 codes on every pass, float64
+attention) computes a token's K/V and logits to the same bits whichever pass computes it: one
+prefill, a cached prefix plus decode steps, or decode steps beside another request of a
+different length (padded attention). That is what keeps greedy output identical with the radix
+cache on and off."""
 
 from __future__ import annotations
 
