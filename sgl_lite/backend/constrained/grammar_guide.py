@@ -11,6 +11,7 @@ approximates (xgrammar's `oneOf` as `anyOf`, keywords it does not enforce).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ import torch
 from sgl_lite.backend.constrained.fidelity import COUNTERS, check_output
 
 
-class BackendGuide:
+class BackendGuide(ABC):
     """The Guide interface over a grammar backend's matcher; subclasses give the matcher ops
     (`_fill_mask`, `_consume`, `_rollback`, `is_accepting`, `forced_tokens`)."""
 
@@ -35,23 +36,25 @@ class BackendGuide:
 
     # -- the matcher, per backend ----------------------------------------------------------
 
+    @abstractmethod
     def _fill_mask(self) -> torch.Tensor:
-        raise NotImplementedError
+        """The allowed-token mask at the current position."""
 
+    @abstractmethod
     def _consume(self, token_id: int) -> str | None:
         """Consumes the token; None when allowed, else the backend's reason."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _rollback(self, n: int) -> None:
-        raise NotImplementedError
+        """Undoes the last n consumed tokens."""
 
+    @abstractmethod
     def is_accepting(self) -> bool:
         """Whether the output so far is complete (eos allowed)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def forced_tokens(self) -> list[int]:
         """The tokens the grammar forces from here (jump-forward), possibly none."""
-        raise NotImplementedError
 
     # -- the Guide interface ---------------------------------------------------------------
 
