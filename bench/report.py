@@ -1,4 +1,4 @@
-"""Results → tables, the targets of BENCHMARKS.md marked met or missed, a JSON file, a chart.
+"""Results → tables, the targets of BENCHMARKS.md marked met or missed, a JSON file.
 
 This module only reads the results dict that `bench.run` builds; it runs nothing.
 """
@@ -87,27 +87,29 @@ def _mark(figure: str, target: str, value: float | None, ok: bool | None, why: s
     return Target(figure, target, value, "met" if ok else "missed")
 
 
+def _at_least(
+    r: dict, figure: str, target: str, minimum: float, w: str, num: str, den: str, key="wall_s"
+) -> Target:
+    """A "ratio num / den of workload w's `key` is at least `minimum`" target."""
+    v = _ratio(r, w, num, den, key)
+    return _mark(figure, target, v, v is not None and v >= minimum, _why(r, w, num, den))
+
+
 def evaluate_targets(r: dict) -> list[Target]:
     """The targets table of BENCHMARKS.md against this run's figures."""
     out = []
-    v = _ratio(r, "W1", "hf_alone", "sgl_lite")
     out.append(
-        _mark(
-            "W1 wall, HF-alone / sgl_lite",
-            ">= 5.4x",
-            v,
-            v and v >= 5.4,
-            _why(r, "W1", "hf_alone", "sgl_lite"),
-        )
+        _at_least(r, "W1 wall, HF-alone / sgl_lite", ">= 5.4x", 5.4, "W1", "hf_alone", "sgl_lite")
     )
-    v = _ratio(r, "W1", "hf_manual_cache", "sgl_lite")
     out.append(
-        _mark(
+        _at_least(
+            r,
             "W1 wall, HF-manual-cache / sgl_lite",
             ">= 1.5x",
-            v,
-            v and v >= 1.5,
-            _why(r, "W1", "hf_manual_cache", "sgl_lite"),
+            1.5,
+            "W1",
+            "hf_manual_cache",
+            "sgl_lite",
         )
     )
     for w in ("W1", "W2", "W3"):
@@ -133,15 +135,8 @@ def evaluate_targets(r: dict) -> list[Target]:
             _why(r, "W1", "sgl_lite"),
         )
     )
-    v = _ratio(r, "W2", "hf_alone", "sgl_lite")
     out.append(
-        _mark(
-            "W2 wall, HF-alone / sgl_lite",
-            ">= 14x",
-            v,
-            v and v >= 14,
-            _why(r, "W2", "hf_alone", "sgl_lite"),
-        )
+        _at_least(r, "W2 wall, HF-alone / sgl_lite", ">= 14x", 14, "W2", "hf_alone", "sgl_lite")
     )
     v = _get(r, "workloads", "W3", "systems", "sgl_lite", "valid_fraction")
     out.append(
@@ -185,34 +180,40 @@ def evaluate_targets(r: dict) -> list[Target]:
             _why(r, "W3T", "sgl_outlines"),
         )
     )
-    v = _ratio(r, "W4", "sgl_lite", "hf_alone", "batch1_tokens_per_s")
     out.append(
-        _mark(
+        _at_least(
+            r,
             "W4 batch-1 tok/s, sgl_lite / HF generate",
             ">= 1.0",
-            v,
-            v and v >= 1.0,
-            _why(r, "W4", "sgl_lite", "hf_alone"),
+            1.0,
+            "W4",
+            "sgl_lite",
+            "hf_alone",
+            "batch1_tokens_per_s",
         )
     )
-    v = _ratio(r, "W4", "sgl_lite", "llama_cpp", "batch1_tokens_per_s")
     out.append(
-        _mark(
+        _at_least(
+            r,
             "W4 batch-1 tok/s, sgl_lite (auto) / llama-cpp-python",
             ">= 1.0",
-            v,
-            v and v >= 1.0,
-            _why(r, "W4", "sgl_lite", "llama_cpp"),
+            1.0,
+            "W4",
+            "sgl_lite",
+            "llama_cpp",
+            "batch1_tokens_per_s",
         )
     )
-    v = _ratio(r, "W4", "sgl_lite", "sgl_lite_float32", "batch1_tokens_per_s")
     out.append(
-        _mark(
+        _at_least(
+            r,
             "W4 batch-1 tok/s, sgl_lite auto / sgl_lite float32",
             ">= 3x",
-            v,
-            v and v >= 3,
-            _why(r, "W4", "sgl_lite", "sgl_lite_float32"),
+            3,
+            "W4",
+            "sgl_lite",
+            "sgl_lite_float32",
+            "batch1_tokens_per_s",
         )
     )
     b1 = _get(r, "workloads", "W4", "systems", "sgl_lite", "batch1_tokens_per_s")
@@ -364,39 +365,3 @@ def write_json(results: dict, out_dir: Path) -> Path:
     data = {**results, "targets": [t._asdict() for t in evaluate_targets(results)]}
     path.write_text(json.dumps(data, indent=2, default=str))
     return path
-
-
-def write_chart(results: dict, out_dir: Path) -> str:
-    """A PNG of every system's speed over HF-alone per workload; returns its path or a note."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "chart skipped: matplotlib is not installed (`pip install matplotlib`)"
-    bars = [
-        (f"{w}\n{name}", figs["ratio_vs_hf_alone"])
-        for w, block in results["workloads"].items()
-        if w != "W5"
-        for name, figs in block["systems"].items()
-        if isinstance(figs.get("ratio_vs_hf_alone"), (int, float)) and name != "hf_alone"
-    ]
-    if not bars:
-        return "chart skipped: no ratios to plot"
-    fig, ax = plt.subplots(figsize=(max(6, len(bars) * 1.1), 4))
-    ax.bar([b[0] for b in bars], [b[1] for b in bars], color="tab:blue")
-    ax.axhline(1.0, color="gray", linewidth=0.8)
-    ax.set_yscale("log")
-    ax.set_ylabel("speed vs HF-alone (x, log)")
-    ax.set_title(
-        f"sgl_lite bench ({results['env']['torch_threads']} threads, medians of "
-        f"{results['env']['repeats']})"
-    )
-    for i, (_, value) in enumerate(bars):
-        ax.text(i, value, f"{value:.2g}x", ha="center", va="bottom", fontsize=8)
-    fig.tight_layout()
-    path = out_dir / "bench_ratios.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bench import report, w3_backends
+from bench import chart, report, w3_backends
 from bench.common import Skipped, median
 from bench.workloads import Workloads, build
 
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report.print_report(results)
     out = Path(args.out)
     print(f"\nresults: {report.write_json(results, out)}")
-    print(report.write_chart(results, out))
+    print(chart.write_chart(results, out))
     return results
 
 
