@@ -167,11 +167,13 @@ def run_workload(
     if w == "W5":
         return run_w5(wl, systems, results, args, block)
     if w == "W3B":
-        return w3_backends.run_backends(args.num_threads, wl, args.repeats, block)
+        pairs = systems["w3_engine_pairs"]
+        return w3_backends.run_backends(pairs, wl, args.repeats, block)
     if w == "W3T":
         peers = {name: tight_peer(name, args) for name in ("outlines", "llama_cpp")}
         tokenizer = systems["sgl_lite"].tokenizer
-        return w3_backends.run_tight(args.num_threads, wl, tokenizer, args.repeats, block, peers)
+        pairs = systems["w3_engine_pairs"]
+        return w3_backends.run_tight(pairs, wl, tokenizer, args.repeats, block, peers)
     method = w.lower()
     for name in report.WORKLOAD_SYSTEMS[w]:
         system = systems.get(name)
@@ -315,6 +317,8 @@ def build_systems(args: argparse.Namespace, workloads: list[str]) -> dict[str, A
 
         for mode in SGL_MODES:
             systems[f"sgl_lite_{mode}"] = SglLiteMode(args.num_threads, mode)
+    if "W3B" in workloads or "W3T" in workloads:
+        systems["w3_engine_pairs"] = w3_backends.EnginePairs(args.num_threads)
     if "W5" in workloads:
         try:
             from bench.dsl import DslRunner

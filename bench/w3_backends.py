@@ -2,8 +2,8 @@
 awareness (W3B), and at a tight budget of 1.2x the shortest valid output (W3T).
 
 Each row is W3 as `SglLite.w3` measures it (wall, valid fraction, constrained/unconstrained
-per-token time, jump-forward passes saved) on a pair of engines of its own (jump-forward on and
-off) built with that `grammar_backend`, shut down before the next row. "no budget" switches the
+per-token time, jump-forward passes saved) on a pair of engines (jump-forward on and off) built
+with that `grammar_backend`; W3T reuses W3B's pairs (EnginePairs). "no budget" switches the
 automaton's budget rule off (`GrammarCompiler.budget_aware`), as every other runtime decodes; the
 grammar backends have no budget rule to switch. In W3T the peers (outlines, llama-cpp-python,
 each in its own process where installed) run the same tight budget.
@@ -43,6 +43,31 @@ def tight(wl: Workloads, tokenizer: Any) -> tuple[Workloads, int]:
     return dataclasses.replace(wl, json_max_new_tokens=budget), shortest
 
 
+class EnginePairs:
+    """The (jump-forward on, off) engine pairs of the rows, built on first use and kept for
+    both W3B and W3T: each costs a model load and an int4 packing, and the rows of the two
+    workloads ask for the same pairs. `budget_aware` is part of the key because the compiler
+    stamps it on the grammars it caches."""
+
+    def __init__(self, num_threads: int) -> None:
+        self.num_threads = num_threads
+        self._pairs: dict[tuple[str, bool], tuple[Any, Any]] = {}
+
+    def get(self, backend: str, budget_aware: bool) -> tuple[Any, Any]:
+        """The pair for one row's grammar backend and budget switch."""
+        key = (backend, budget_aware)
+        if key not in self._pairs:
+            self._pairs[key] = _engines(self.num_threads, backend, budget_aware)
+        return self._pairs[key]
+
+    def shutdown(self) -> None:
+        """Shuts every engine built so far down."""
+        for pair in self._pairs.values():
+            for engine in pair:
+                engine.shutdown()
+        self._pairs.clear()
+
+
 def _engines(num_threads: int, backend: str, budget_aware: bool) -> tuple[Any, Any]:
     from sgl_lite.backend.engine import Engine
 
@@ -61,38 +86,34 @@ def _engines(num_threads: int, backend: str, budget_aware: bool) -> tuple[Any, A
     return pair[0], pair[1]
 
 
-def run_row(num_threads: int, backend: str, budget_aware: bool, wl: Workloads, repeats: int):
-    """One backend's W3 figures, medians over `repeats` (the engines live for this call)."""
+def run_row(pairs: EnginePairs, backend: str, budget_aware: bool, wl: Workloads, repeats: int):
+    """One backend's W3 figures, medians over `repeats`, on that backend's engine pair."""
     from bench.run import measure
     from bench.sgl_engine import SglLite
 
-    jf, no_jf = _engines(num_threads, backend, budget_aware)
-    try:
-        system = SglLite(num_threads, engine=jf)
-        system._no_jf = no_jf  # the jump-forward-off twin, on the same backend
-        figs = measure(system, "w3", wl, repeats)
-    finally:
-        jf.shutdown()
-        no_jf.shutdown()
+    jf, no_jf = pairs.get(backend, budget_aware)
+    system = SglLite(pairs.num_threads, engine=jf)
+    system._no_jf = no_jf  # the jump-forward-off twin, on the same backend
+    figs = measure(system, "w3", wl, repeats)
     figs.pop("_run", None)
     figs.update(grammar_backend=backend, budget_aware=budget_aware)
     return figs
 
 
-def run_backends(num_threads: int, wl: Workloads, repeats: int, block: dict) -> dict:
+def run_backends(pairs: EnginePairs, wl: Workloads, repeats: int, block: dict) -> dict:
     """W3B: every row of ROWS at W3's own max_new_tokens."""
     for name, backend, budget_aware in ROWS:
         print(f"[W3B] {name} ...", flush=True)
-        block["systems"][name] = run_row(num_threads, backend, budget_aware, wl, repeats)
+        block["systems"][name] = run_row(pairs, backend, budget_aware, wl, repeats)
     block["notes"].append(
-        "each row: its own engines with that grammar_backend; sgl_outlines_no_budget: the "
-        "automaton with its budget rule off; llguidance/xgrammar have none (no guarantee)"
+        "each row: an engine pair with that grammar_backend (W3T reuses it); "
+        "sgl_outlines_no_budget: the automaton with its budget rule off"
     )
     return block
 
 
 def run_tight(
-    num_threads: int, wl: Workloads, tokenizer: Any, repeats: int, block: dict, peers: dict
+    pairs: EnginePairs, wl: Workloads, tokenizer: Any, repeats: int, block: dict, peers: dict
 ) -> dict:
     """W3T: every row of ROWS and the peers at 1.2x the shortest valid output (`peers`: name
     -> a callable building the peer for a given tight max_new_tokens, or why it is missing)."""
@@ -106,7 +127,7 @@ def run_tight(
     )
     for name, backend, budget_aware in ROWS:
         print(f"[W3T] {name} ...", flush=True)
-        block["systems"][name] = run_row(num_threads, backend, budget_aware, tight_wl, repeats)
+        block["systems"][name] = run_row(pairs, backend, budget_aware, tight_wl, repeats)
     for name, make in peers.items():
         peer = make if isinstance(make, str) else make(tight_wl.json_max_new_tokens)
         if isinstance(peer, str):
