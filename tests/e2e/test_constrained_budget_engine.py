@@ -1,5 +1,5 @@
 """Budget-aware constrained decoding through the engine on SmolLM2: for 8 schemas and 4 regexes,
-greedy and sampled (T=1.0, 1.5), with max_new_tokens from the shortest valid output up to twice
+greedy and sampled (T=1.0, 1.5), with max_new_tokens from the shortest valid output up to past
 the unbudgeted length, every output is complete and valid; a budget below it is refused."""
 
 from __future__ import annotations
@@ -95,11 +95,11 @@ BUDGET_REGEXES = {
     "word_list": r"[a-z]+(, [a-z]+)*",
     "quoted": r'"[^"\n]*"',
 }
+# One request per temperature: a second T=1.5 seed ran the same budget path on the same schemas.
 SAMPLING = [
     {"temperature": 0},
     {"temperature": 1.0, "sampling_seed": 11},
     {"temperature": 1.5, "sampling_seed": 12},
-    {"temperature": 1.5, "sampling_seed": 13},
 ]
 UNBUDGETED_CAP = 64
 
@@ -134,7 +134,9 @@ def test_every_budget_from_the_minimum_up_gives_complete_valid_output(
     params, cases = [], []
     for (kind, name, pattern), length in zip(constraints, lengths):
         low = min_tokens[name]
-        budgets = sorted({low, low + 2, (low + 2 * length) // 2, 2 * length})
+        # Tight, nearly tight, and loose: past the unbudgeted length (low / 2 + length). Twice
+        # the length ran the loose path again on the longest outputs, the costliest column.
+        budgets = sorted({low, low + 2, (low + 2 * length) // 2})
         for budget in budgets:
             for sampling in SAMPLING:
                 params.append({**sampling, "max_new_tokens": budget, kind: pattern})

@@ -20,10 +20,8 @@ MULTIPLE = {
 
 
 @pytest.fixture(scope="module")
-def auto_engine():
-    eng = Engine(num_threads=NUM_THREADS, max_total_tokens=4096, grammar_backend="auto")
-    yield eng
-    eng.shutdown()
+def auto_engine(engine):
+    return engine  # the session's: "auto" is the default grammar_backend
 
 
 def test_auto_backend_serves_schemas_the_automaton_refuses(auto_engine, smollm_tokenizer):

@@ -12,7 +12,7 @@ import pytest
 from sgl_lite.backend.constrained import GrammarCompiler
 from sgl_lite.backend.server import create_app
 from sgl_lite.backend.server.chat import ANY_OBJECT_SCHEMA
-from tests.e2e.server_fixture import make_engine, serve
+from tests.e2e.server_fixture import serve
 from tests.e2e.test_constrained_support import smollm2_tokenizer
 
 pytestmark = pytest.mark.e2e
@@ -31,14 +31,7 @@ def depth(value) -> int:
 
 
 @pytest.fixture(scope="module")
-def engine():
-    eng = make_engine()
-    yield eng
-    eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def client(engine):
+def client(engine):  # the session's engine: nothing here needs an engine of its own
     with serve(create_app(engine)) as base:
         yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=120, max_retries=0)
 

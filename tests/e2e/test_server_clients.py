@@ -11,7 +11,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
 from sgl_lite.backend.server import create_app
-from tests.e2e.server_fixture import make_engine, serve
+from tests.e2e.server_fixture import serve
 
 pytestmark = pytest.mark.e2e
 
@@ -34,11 +34,9 @@ PROMPT = "Extract the person: Alice is 30 years old."
 
 
 @pytest.fixture(scope="module")
-def url():
-    engine = make_engine()
+def url(engine):  # the session's engine: nothing here needs an engine of its own
     with serve(create_app(engine)) as base:
         yield base
-    engine.shutdown()
 
 
 @pytest.fixture(scope="module")

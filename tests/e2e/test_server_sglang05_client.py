@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sgl_lite.backend.server import create_app
-from tests.e2e.server_fixture import make_engine, serve
+from tests.e2e.server_fixture import serve
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,23 +33,19 @@ def sglang05_python() -> str:
     return python
 
 
-def test_sglang05_runtime_endpoint_runs_sglangs_test_programs():
+def test_sglang05_runtime_endpoint_runs_sglangs_test_programs(engine):  # the session's engine
     python = sglang05_python()
-    engine = make_engine()
-    try:
-        with serve(create_app(engine)) as url:
-            slow = ["--slow"] if os.environ.get("SGL_LITE_SGLANG05_SLOW") else []
-            env = {**os.environ, "PYTHONPATH": ""}  # its own sglang, not a checkout's
-            run = subprocess.run(
-                [python, str(SCRIPT), url, *slow],
-                capture_output=True,
-                text=True,
-                timeout=1200,
-                env=env,
-                cwd=str(ROOT),
-            )
-    finally:
-        engine.shutdown()
+    with serve(create_app(engine)) as url:
+        slow = ["--slow"] if os.environ.get("SGL_LITE_SGLANG05_SLOW") else []
+        env = {**os.environ, "PYTHONPATH": ""}  # its own sglang, not a checkout's
+        run = subprocess.run(
+            [python, str(SCRIPT), url, *slow],
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            env=env,
+            cwd=str(ROOT),
+        )
     assert run.returncode == 0, run.stderr[-3000:]
     outcomes = json.loads(run.stdout.strip().splitlines()[-1])
     assert outcomes.pop("__version__").startswith("0.5."), "not SGLang 0.5's client"

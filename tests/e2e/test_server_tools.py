@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from sgl_lite.backend.server import create_app
-from tests.e2e.server_fixture import flush, make_engine, serve
+from tests.e2e.server_fixture import flush, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -50,14 +50,7 @@ CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Perth", "Quito", "Seoul", 
 
 
 @pytest.fixture(scope="module")
-def engine():
-    eng = make_engine()
-    yield eng
-    eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def url(engine):
+def url(engine):  # the session's engine: nothing here needs an engine of its own
     with serve(create_app(engine)) as base:
         yield base
 
