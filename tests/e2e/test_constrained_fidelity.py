@@ -148,7 +148,11 @@ def test_numbers_have_bounded_digits_and_dtypes_follow() -> None:
         ({"type": "object", "properties": {"x": {"if": {}, "then": {}}}}, "if", "/properties/x"),
         ({"type": "object", "patternProperties": {"^a": {}}}, "patternProperties", "/"),
         ({"type": "object", "propertyNames": {"maxLength": 3}}, "propertyNames", "/"),
-        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired", "/"),
+        (  # one name under two dependency keywords: not rewritten (schema_normalize)
+            {"type": "object", "dependentRequired": {"a": ["b"]}, "dependentSchemas": {"a": {}}},
+            "dependentRequired",
+            "/",
+        ),
         ({"type": "object", "unevaluatedProperties": False}, "unevaluatedProperties", "/"),
         ({"type": "array", "contains": {"const": 1}}, "contains", "/"),
         ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems", "/"),

@@ -29,6 +29,7 @@ from sgl_lite.backend.constrained.regex_check import (
     check_regex,
     digits_to_ascii,
 )
+from sgl_lite.backend.constrained.schema_normalize import normalize
 from sgl_lite.backend.constrained.schema_regex import schema_to_regex
 from sgl_lite.backend.constrained.vocab import byte_vocabulary, vocabulary_for
 
@@ -100,7 +101,7 @@ class GrammarCompiler:
         that embed it in a larger regex, e.g. tool calls); GrammarError if it cannot be one."""
         if self.backend == "outlines":
             return self.validate(kind, pattern)
-        return self._to_regex(kind, pattern)
+        return self._to_regex(kind, _prepared(kind, pattern))
 
     def plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
         """(backend, source) for a pattern; validate() with the backend that will build it."""
@@ -126,6 +127,7 @@ class GrammarCompiler:
     def _plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
         if self.backend == "xgrammar":
             return "xgrammar", self._xgrammar_source(kind, pattern)
+        pattern = _prepared(kind, pattern)
         # a grammar, or "any JSON object" (unbounded nesting), needs a real grammar backend
         if kind == "ebnf" or self.backend == "llguidance" or _any_object(kind, pattern):
             return "llguidance", self._llguidance_source(kind, pattern)
@@ -147,12 +149,11 @@ class GrammarCompiler:
                 pass  # the automaton may still make it within the timeout
         return "outlines", regex
 
-    def _llguidance_source(self, kind: str, pattern: str | dict) -> str:
+    def _llguidance_source(self, kind: str, pattern: Any) -> str:
+        """llguidance's grammar for a prepared pattern (see _prepared); GrammarError if refused."""
         from sgl_lite.backend.constrained.llguidance_backend import check_llguidance, to_llguidance
 
-        if kind == "json_schema":
-            pattern = _load_schema(pattern)
-        elif kind == "regex" and not isinstance(pattern, str):
+        if kind == "regex" and not isinstance(pattern, str):
             raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
         source = to_llguidance(kind, pattern, whitespace=self.whitespace_pattern)
         check_llguidance(kind, source, self.tokenizer)
@@ -167,19 +168,17 @@ class GrammarCompiler:
             raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
         return to_xgrammar(kind, pattern, whitespace=self.whitespace_pattern)
 
-    def _to_regex(self, kind: str, pattern: str | dict) -> str:
+    def _to_regex(self, kind: str, pattern: Any) -> str:
+        """The automaton's regex for a prepared pattern (see _prepared)."""
         if kind == "regex":
             if not isinstance(pattern, str):
                 raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
             check_regex(pattern, what="regex")
             return digits_to_ascii(pattern)
         if kind == "json_schema":
-            return digits_to_ascii(self._schema_to_regex(pattern))
+            regex = schema_to_regex(pattern, whitespace=self.whitespace_pattern)
+            return digits_to_ascii(regex)
         raise GrammarError(f"grammar kind must be 'regex', 'json_schema' or 'ebnf', got {kind!r}")
-
-    def _schema_to_regex(self, pattern: str | dict) -> str:
-        schema = _load_schema(pattern)  # each `pattern` is checked where schema_to_regex uses it
-        return schema_to_regex(schema, whitespace=self.whitespace_pattern)
 
     # -- compilation: off the caller's thread, cached ------------------------------------
 
@@ -287,7 +286,14 @@ def _any_object(kind: str, pattern: str | dict) -> bool:
     automaton only bounded)."""
     from sgl_lite.backend.constrained.llguidance_backend import is_any_object
 
-    return kind == "json_schema" and is_any_object(_load_schema(pattern))
+    return kind == "json_schema" and is_any_object(pattern)
+
+
+def _prepared(kind: str, pattern: Any) -> Any:
+    """A json_schema loaded, checked against its metaschema and rewritten exactly into keywords
+    the backends enforce (schema_normalize); any other pattern as it is. The output is still
+    validated against the schema as submitted."""
+    return normalize(_load_schema(pattern)) if kind == "json_schema" else pattern
 
 
 def _dumps(schema: Any) -> str:
