@@ -12,6 +12,7 @@ xgrammar_backend.XGGuide).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -29,7 +30,7 @@ from sgl_lite.backend.constrained.regex_check import (
     check_regex,
     digits_to_ascii,
 )
-from sgl_lite.backend.constrained.schema_normalize import normalize
+from sgl_lite.backend.constrained.schema_normalize import keyword_path, normalize
 from sgl_lite.backend.constrained.schema_regex import schema_to_regex
 from sgl_lite.backend.constrained.vocab import byte_vocabulary, vocabulary_for
 
@@ -156,7 +157,10 @@ class GrammarCompiler:
         if kind == "regex" and not isinstance(pattern, str):
             raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
         source = to_llguidance(kind, pattern, whitespace=self.whitespace_pattern)
-        check_llguidance(kind, source, self.tokenizer)
+        try:
+            check_llguidance(kind, source, self.tokenizer)
+        except GrammarError as exc:
+            raise _with_path(exc, pattern) if kind == "json_schema" else exc from None
         return source
 
     def _xgrammar_source(self, kind: str, pattern: str | dict) -> str:
@@ -287,6 +291,26 @@ def _any_object(kind: str, pattern: str | dict) -> bool:
     from sgl_lite.backend.constrained.llguidance_backend import is_any_object
 
     return kind == "json_schema" and is_any_object(pattern)
+
+
+_LLG_UNSUPPORTED = (  # llguidance's refusals that name a keyword (and a value) but no path
+    (re.compile(r'Unimplemented keys: \["([^"]+)"'), None),
+    (re.compile(r"Unknown format: (\S+)"), "format"),
+)
+
+
+def _with_path(exc: GrammarError, schema: Any) -> GrammarError:
+    """llguidance's refusal with the keyword and its path in the schema put first, as the
+    automaton's refusals give them."""
+    for regex, keyword in _LLG_UNSUPPORTED:
+        match = regex.search(str(exc))
+        if match is None:
+            continue
+        key, value = (match[1], None) if keyword is None else (keyword, match[1])
+        path = keyword_path(schema, key, value)
+        if path is not None:
+            return type(exc)(f"json_schema keyword '{key}' at {path} is not supported: {exc}")
+    return exc
 
 
 def _prepared(kind: str, pattern: Any) -> Any:

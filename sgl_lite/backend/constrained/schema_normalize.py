@@ -164,11 +164,11 @@ class _Normalizer:
             for i, a in enumerate(resolved)
             for j in range(i + 1, len(resolved))
         ):
-            new = branches
+            new: list[Schema] | None = branches
         else:
             new = exclusive_required(resolved)
-            if new is None:
-                return
+        if new is None:
+            return
         del node["oneOf"]
         self._add_any_of(node, new)
 
@@ -233,6 +233,36 @@ class _Normalizer:
                 if la is not None and lb is not None and not la & lb:
                     return True
         return False
+
+
+def keyword_path(schema: Any, keyword: str, value: Any = None) -> str | None:
+    """The JSON pointer of the first sub-schema using `keyword` (with `value`, if given), for
+    refusals that name only the keyword; None if there is none."""
+    if not isinstance(schema, dict):
+        return None
+    if keyword in schema and (value is None or schema[keyword] == value):
+        return "/"
+    children: list[tuple[str, Any]] = [(k, schema[k]) for k in _SCHEMA_KEYS if k in schema]
+    items = schema.get("items")
+    if isinstance(items, list):
+        children += [(f"items/{i}", s) for i, s in enumerate(items)]
+    elif items is not None:
+        children.append(("items", items))
+    for key in _LIST_KEYS:
+        if isinstance(schema.get(key), list):
+            children += [(f"{key}/{i}", s) for i, s in enumerate(schema[key])]
+    for key in (*_MAP_KEYS, "dependencies"):
+        if isinstance(schema.get(key), dict):
+            children += [(f"{key}/{_escape(k)}", s) for k, s in schema[key].items()]
+    for where, child in children:
+        found = keyword_path(child, keyword, value)
+        if found is not None:
+            return f"/{where}" + ("" if found == "/" else found)
+    return None
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
 
 
 def dependency_branches(deps: dict[str, Any]) -> list[Schema] | None:
