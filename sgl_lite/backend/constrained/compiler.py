@@ -16,6 +16,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Literal
 
@@ -293,21 +294,30 @@ def _any_object(kind: str, pattern: str | dict) -> bool:
     return kind == "json_schema" and is_any_object(pattern)
 
 
-_LLG_UNSUPPORTED = (  # llguidance's refusals that name a keyword (and a value) but no path
-    (re.compile(r'Unimplemented keys: \["([^"]+)"'), None),
-    (re.compile(r"Unknown format: (\S+)"), "format"),
+# llguidance's refusals that name a keyword but not where it is: (message, keyword (None: the
+# message's group 1), which of its values the refusal is about, from the message)
+_Test = Callable[[Any], bool]
+_LLG_UNSUPPORTED: tuple[tuple[re.Pattern[str], str | None, Callable[[str], _Test] | None], ...] = (
+    (re.compile(r'Unimplemented keys: \["([^"]+)"'), None, None),
+    (re.compile(r"Unknown format: (\S+)"), "format", lambda name: name.__eq__),
+    (re.compile(r"oneOf constraints are not supported"), "oneOf", None),
+    (
+        re.compile(r"Resource '(.*)' is not present in a registry"),
+        "$ref",
+        lambda _: lambda ref: isinstance(ref, str) and not ref.startswith("#"),
+    ),
 )
 
 
 def _with_path(exc: GrammarError, schema: Any) -> GrammarError:
     """llguidance's refusal with the keyword and its path in the schema put first, as the
     automaton's refusals give them."""
-    for regex, keyword in _LLG_UNSUPPORTED:
+    for regex, keyword, values in _LLG_UNSUPPORTED:
         match = regex.search(str(exc))
         if match is None:
             continue
-        key, value = (match[1], None) if keyword is None else (keyword, match[1])
-        path = keyword_path(schema, key, value)
+        key = keyword or match[1]
+        path = keyword_path(schema, key, None if values is None else values(match[1]))
         if path is not None:
             return type(exc)(f"json_schema keyword '{key}' at {path} is not supported: {exc}")
     return exc

@@ -21,6 +21,7 @@ uses the schema as submitted, never this one.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from sgl_lite.backend.constrained.regex_check import GrammarError
@@ -235,12 +236,14 @@ class _Normalizer:
         return False
 
 
-def keyword_path(schema: Any, keyword: str, value: Any = None) -> str | None:
-    """The JSON pointer of the first sub-schema using `keyword` (with `value`, if given), for
-    refusals that name only the keyword; None if there is none."""
+def keyword_path(
+    schema: Any, keyword: str, test: Callable[[Any], bool] | None = None
+) -> str | None:
+    """The JSON pointer of the first sub-schema using `keyword` (with a value that passes
+    `test`, if given), for refusals that name only the keyword; None if there is none."""
     if not isinstance(schema, dict):
         return None
-    if keyword in schema and (value is None or schema[keyword] == value):
+    if keyword in schema and (test is None or test(schema[keyword])):
         return "/"
     children: list[tuple[str, Any]] = [(k, schema[k]) for k in _SCHEMA_KEYS if k in schema]
     items = schema.get("items")
@@ -255,7 +258,7 @@ def keyword_path(schema: Any, keyword: str, value: Any = None) -> str | None:
         if isinstance(schema.get(key), dict):
             children += [(f"{key}/{_escape(k)}", s) for k, s in schema[key].items()]
     for where, child in children:
-        found = keyword_path(child, keyword, value)
+        found = keyword_path(child, keyword, test)
         if found is not None:
             return f"/{where}" + ("" if found == "/" else found)
     return None
