@@ -185,6 +185,16 @@ def disjoint(a: Schema, b: Schema) -> bool:
     return False
 
 
+def numeric_bounds(schema: dict) -> dict:
+    """Draft 4's boolean exclusiveMinimum/exclusiveMaximum (a flag on the bound beside it) as
+    the numeric bounds of later drafts."""
+    out = dict(schema)
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(out.get(flag), bool) and out.pop(flag) and bound in out:
+            out[flag] = out.pop(bound)
+    return out
+
+
 _LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
 
