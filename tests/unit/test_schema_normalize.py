@@ -14,12 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sgl_lite.backend.constrained.schema_normalize import (
+    REGEX,
     URI_REFERENCE,
     keyword_path,
     normalize,
 )
 
 D7 = "http://json-schema.org/draft-07/schema#"
+FORMATS = jsonschema.Draft7Validator.FORMAT_CHECKER
 D2020 = "https://json-schema.org/draft/2020-12/schema"
 KEYS = ("a", "b", "c", "k", "url", "type", "10", "x")
 _scalar = st.one_of(
@@ -215,6 +217,13 @@ def test_uri_reference_is_a_subset_of_rfc3986_path_references(text: str) -> None
     # RFC 3986 relative-ref: no scheme (no ':' before the first '/'), no authority ('//')
     assert _PATH_REFERENCE.fullmatch(text.rstrip("\n")) and not text.startswith("//")
     assert ":" not in text and "%" not in text  # no lone percent escapes either
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.from_regex(f"^{REGEX}$"))
+def test_regex_format_text_compiles_and_matches_itself(text: str) -> None:
+    assert re.fullmatch(re.compile(text), text)
+    assert jsonschema.Draft7Validator({"format": "regex"}, format_checker=FORMATS).is_valid(text)
 
 
 def test_uri_reference_becomes_a_pattern_and_other_formats_stay() -> None:

@@ -309,6 +309,9 @@ _LLG_UNSUPPORTED: tuple[tuple[re.Pattern[str], str | None, Callable[[str], _Test
 )
 
 
+_LLG_WHERE = re.compile(r"while processing json-schema:///#(/\S*)")
+
+
 def _with_path(exc: GrammarError, schema: Any) -> GrammarError:
     """llguidance's refusal with the keyword and its path in the schema put first, as the
     automaton's refusals give them."""
@@ -317,7 +320,11 @@ def _with_path(exc: GrammarError, schema: Any) -> GrammarError:
         if match is None:
             continue
         key = keyword or match[1]
-        path = keyword_path(schema, key, None if values is None else values(match[1]))
+        where = _LLG_WHERE.search(str(exc))  # llguidance's own pointer, when it gives one
+        if where is not None:
+            path: str | None = where[1] or "/"
+        else:
+            path = keyword_path(schema, key, None if values is None else values(match[1]))
         if path is not None:
             return type(exc)(f"json_schema keyword '{key}' at {path} is not supported: {exc}")
     return exc

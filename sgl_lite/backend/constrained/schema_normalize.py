@@ -12,7 +12,8 @@ except the format rewrite, which narrows as every compiled format does (formats.
 - a keyword that only constrains a type the node cannot have (`uniqueItems` beside
   `type: string`), `uniqueItems` when at most one item is allowed, and `propertyNames: true` are
   dropped: they hold for every instance;
-- `format: uri-reference` becomes a pattern for a subset of RFC 3986 references.
+- `format: uri-reference` / `format: regex` become a pattern for a subset of RFC 3986
+  references / of regexes (text without metacharacters).
 Anything else is left alone, to be enforced or refused by name by the backend. A rewrite is
 skipped where a `$ref` points inside the keyword it would replace. The final validation always
 uses the schema as submitted, never this one.
@@ -50,7 +51,9 @@ _SEGMENT = "[A-Za-z0-9._~-]+"  # RFC 3986 unreserved characters, no ':' and no '
 # authority, and no ':', so never a scheme. Absolute URIs are left out: their bounded pattern
 # (formats.py) takes seconds to index, once per field.
 URI_REFERENCE = f"/?{_SEGMENT}(/{_SEGMENT})*/?"
-EXTRA_FORMATS = {"uri-reference": URI_REFERENCE}
+# NOTE: text without regex metacharacters is a regex (matching itself) in every dialect
+REGEX = "[A-Za-z0-9_ -]*"
+EXTRA_FORMATS = {"uri-reference": URI_REFERENCE, "regex": REGEX}
 
 
 def normalize(schema: Any) -> Any:
