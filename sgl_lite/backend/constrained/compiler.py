@@ -3,10 +3,11 @@
 `GrammarCompiler.validate` is the fast synchronous check done at submission: it picks the
 backend (the outlines-core automaton, which alone gives the budget guarantee; llguidance for
 EBNF/Lark and for schemas the automaton refuses; xgrammar when asked for) and the source it
-compiles. `submit` builds it
-on a worker thread and shares one future per (backend, source) among all requests; the result's
-`new_guide(...)` is the per-request cursor (guide.Guide, llguidance_backend.LLGuide or
-xgrammar_backend.XGGuide).
+compiles; a JSON Schema is first rewritten into keywords the automaton and llguidance enforce
+(schema_normalize: exact rewrites, formats as subset patterns; xgrammar reads the schema as
+submitted). `submit` builds it on a worker thread and shares one future per (backend, source)
+among all requests; the result's `new_guide(...)` is the per-request cursor (guide.Guide,
+llguidance_backend.LLGuide or xgrammar_backend.XGGuide).
 """
 
 from __future__ import annotations
@@ -331,7 +332,7 @@ def _with_path(exc: GrammarError, schema: Any) -> GrammarError:
 
 
 def _prepared(kind: str, pattern: Any) -> Any:
-    """A json_schema loaded, checked against its metaschema and rewritten exactly into keywords
+    """A json_schema loaded, checked against its metaschema and rewritten into keywords
     the backends enforce (schema_normalize); any other pattern as it is. The output is still
     validated against the schema as submitted."""
     return normalize(_load_schema(pattern)) if kind == "json_schema" else pattern
