@@ -92,3 +92,46 @@ def test_dtype_regexes_match_sglang_with_bounded_digits() -> None:
     assert dtype_to_regex(str) == r"\"[\w\d\s]*\""
     with pytest.raises(ValueError, match="dtype must be one of"):
         dtype_to_regex(list)
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "auto"])
+@pytest.mark.parametrize(
+    ("schema", "keyword", "path"),
+    [
+        (
+            {"properties": {"tags": {"type": "array", "uniqueItems": True}}},
+            "uniqueItems",
+            "/properties/tags",
+        ),
+        (
+            {"properties": {"site": {"type": "string", "format": "iri"}}},
+            "format",
+            "/properties/site",
+        ),
+        (
+            {"properties": {"n": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}},
+            "oneOf",
+            "/properties/n",
+        ),
+        ({"properties": {"r": {"$ref": "https://example.com/s.json"}}}, "$ref", "/properties/r"),
+        ({"properties": {"o": {"not": {"type": "string"}}}}, "not", "/properties/o"),
+    ],
+)
+def test_a_refusal_names_the_keyword_and_its_path_on_every_backend(
+    backend: str, schema: dict, keyword: str, path: str
+) -> None:
+    compiler = GrammarCompiler(smollm2_tokenizer(), backend=backend)
+    with pytest.raises(GrammarError, match=rf"keyword '{re.escape(keyword)}' at {path}\b"):
+        compiler.validate("json_schema", {"type": "object", **schema})
+
+
+def test_a_schema_is_rewritten_exactly_before_the_backends_see_it() -> None:
+    # "exactly one of a and b" as a oneOf of required lists: the automaton now writes it
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "oneOf": [{"required": ["a"]}, {"required": ["b"]}],
+    }
+    regex = shared_compiler().validate("json_schema", schema)
+    assert re.fullmatch(regex, '{"a": 1}') and re.fullmatch(regex, '{"b": 2}')
+    assert not re.fullmatch(regex, '{"a": 1, "b": 2}') and not re.fullmatch(regex, "{}")

@@ -148,7 +148,11 @@ def test_numbers_have_bounded_digits_and_dtypes_follow() -> None:
         ({"type": "object", "properties": {"x": {"if": {}, "then": {}}}}, "if", "/properties/x"),
         ({"type": "object", "patternProperties": {"^a": {}}}, "patternProperties", "/"),
         ({"type": "object", "propertyNames": {"maxLength": 3}}, "propertyNames", "/"),
-        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired", "/"),
+        (  # one name under two dependency keywords: not rewritten (schema_normalize)
+            {"type": "object", "dependentRequired": {"a": ["b"]}, "dependentSchemas": {"a": {}}},
+            "dependentRequired",
+            "/",
+        ),
         ({"type": "object", "unevaluatedProperties": False}, "unevaluatedProperties", "/"),
         ({"type": "array", "contains": {"const": 1}}, "contains", "/"),
         ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems", "/"),
@@ -175,6 +179,19 @@ def test_a_ref_that_does_not_resolve_and_an_empty_schema_are_named_errors() -> N
         shared_compiler().validate("json_schema", {"$ref": "#/$defs/missing"})
     with pytest.raises(GrammarError, match="admits no value"):
         shared_compiler().validate("json_schema", {"type": "integer", "minimum": 5, "maximum": 1})
+
+
+def test_draft4_boolean_exclusive_bounds_flag_the_bound_beside_them() -> None:
+    draft4 = "http://json-schema.org/draft-04/schema#"
+    schema = {"$schema": draft4, "type": "integer", "minimum": 0, "exclusiveMinimum": True}
+    regex = shared_compiler().validate("json_schema", {**schema, "maximum": 3})
+    assert [n for n in range(-2, 6) if re.fullmatch(regex, str(n))] == [1, 2, 3]
+    number = {"$schema": draft4, "type": "number", "maximum": 1, "exclusiveMaximum": True}
+    regex = shared_compiler().validate(
+        "json_schema", {**number, "minimum": 0, "exclusiveMinimum": False}
+    )
+    assert re.fullmatch(regex, "0") and re.fullmatch(regex, "0.5")
+    assert not re.fullmatch(regex, "1") and not re.fullmatch(regex, "-0.5")
 
 
 def test_recursion_is_bounded_and_the_deepest_level_closes() -> None:

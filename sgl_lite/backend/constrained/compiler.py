@@ -3,18 +3,21 @@
 `GrammarCompiler.validate` is the fast synchronous check done at submission: it picks the
 backend (the outlines-core automaton, which alone gives the budget guarantee; llguidance for
 EBNF/Lark and for schemas the automaton refuses; xgrammar when asked for) and the source it
-compiles. `submit` builds it
-on a worker thread and shares one future per (backend, source) among all requests; the result's
-`new_guide(...)` is the per-request cursor (guide.Guide, llguidance_backend.LLGuide or
-xgrammar_backend.XGGuide).
+compiles; a JSON Schema is first rewritten into keywords the automaton and llguidance enforce
+(schema_normalize: exact rewrites, formats as subset patterns; xgrammar reads the schema as
+submitted). `submit` builds it on a worker thread and shares one future per (backend, source)
+among all requests; the result's `new_guide(...)` is the per-request cursor (guide.Guide,
+llguidance_backend.LLGuide or xgrammar_backend.XGGuide).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Literal
 
@@ -29,6 +32,7 @@ from sgl_lite.backend.constrained.regex_check import (
     check_regex,
     digits_to_ascii,
 )
+from sgl_lite.backend.constrained.schema_normalize import keyword_path, normalize
 from sgl_lite.backend.constrained.schema_regex import schema_to_regex
 from sgl_lite.backend.constrained.vocab import byte_vocabulary, vocabulary_for
 
@@ -100,7 +104,7 @@ class GrammarCompiler:
         that embed it in a larger regex, e.g. tool calls); GrammarError if it cannot be one."""
         if self.backend == "outlines":
             return self.validate(kind, pattern)
-        return self._to_regex(kind, pattern)
+        return self._to_regex(kind, _prepared(kind, pattern))
 
     def plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
         """(backend, source) for a pattern; validate() with the backend that will build it."""
@@ -126,6 +130,7 @@ class GrammarCompiler:
     def _plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
         if self.backend == "xgrammar":
             return "xgrammar", self._xgrammar_source(kind, pattern)
+        pattern = _prepared(kind, pattern)
         # a grammar, or "any JSON object" (unbounded nesting), needs a real grammar backend
         if kind == "ebnf" or self.backend == "llguidance" or _any_object(kind, pattern):
             return "llguidance", self._llguidance_source(kind, pattern)
@@ -147,15 +152,17 @@ class GrammarCompiler:
                 pass  # the automaton may still make it within the timeout
         return "outlines", regex
 
-    def _llguidance_source(self, kind: str, pattern: str | dict) -> str:
+    def _llguidance_source(self, kind: str, pattern: Any) -> str:
+        """llguidance's grammar for a prepared pattern (see _prepared); GrammarError if refused."""
         from sgl_lite.backend.constrained.llguidance_backend import check_llguidance, to_llguidance
 
-        if kind == "json_schema":
-            pattern = _load_schema(pattern)
-        elif kind == "regex" and not isinstance(pattern, str):
+        if kind == "regex" and not isinstance(pattern, str):
             raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
         source = to_llguidance(kind, pattern, whitespace=self.whitespace_pattern)
-        check_llguidance(kind, source, self.tokenizer)
+        try:
+            check_llguidance(kind, source, self.tokenizer)
+        except GrammarError as exc:
+            raise _with_path(exc, pattern) if kind == "json_schema" else exc from None
         return source
 
     def _xgrammar_source(self, kind: str, pattern: str | dict) -> str:
@@ -167,19 +174,17 @@ class GrammarCompiler:
             raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
         return to_xgrammar(kind, pattern, whitespace=self.whitespace_pattern)
 
-    def _to_regex(self, kind: str, pattern: str | dict) -> str:
+    def _to_regex(self, kind: str, pattern: Any) -> str:
+        """The automaton's regex for a prepared pattern (see _prepared)."""
         if kind == "regex":
             if not isinstance(pattern, str):
                 raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
             check_regex(pattern, what="regex")
             return digits_to_ascii(pattern)
         if kind == "json_schema":
-            return digits_to_ascii(self._schema_to_regex(pattern))
+            regex = schema_to_regex(pattern, whitespace=self.whitespace_pattern)
+            return digits_to_ascii(regex)
         raise GrammarError(f"grammar kind must be 'regex', 'json_schema' or 'ebnf', got {kind!r}")
-
-    def _schema_to_regex(self, pattern: str | dict) -> str:
-        schema = _load_schema(pattern)  # each `pattern` is checked where schema_to_regex uses it
-        return schema_to_regex(schema, whitespace=self.whitespace_pattern)
 
     # -- compilation: off the caller's thread, cached ------------------------------------
 
@@ -287,7 +292,50 @@ def _any_object(kind: str, pattern: str | dict) -> bool:
     automaton only bounded)."""
     from sgl_lite.backend.constrained.llguidance_backend import is_any_object
 
-    return kind == "json_schema" and is_any_object(_load_schema(pattern))
+    return kind == "json_schema" and is_any_object(pattern)
+
+
+# llguidance's refusals that name a keyword but not where it is: (message, keyword (None: the
+# message's group 1), which of its values the refusal is about, from the message)
+_Test = Callable[[Any], bool]
+_LLG_UNSUPPORTED: tuple[tuple[re.Pattern[str], str | None, Callable[[str], _Test] | None], ...] = (
+    (re.compile(r'Unimplemented keys: \["([^"]+)"'), None, None),
+    (re.compile(r"Unknown format: (\S+)"), "format", lambda name: name.__eq__),
+    (re.compile(r"oneOf constraints are not supported"), "oneOf", None),
+    (
+        re.compile(r"Resource '(.*)' is not present in a registry"),
+        "$ref",
+        lambda _: lambda ref: isinstance(ref, str) and not ref.startswith("#"),
+    ),
+)
+
+
+_LLG_WHERE = re.compile(r"while processing json-schema:///#(/\S*)")
+
+
+def _with_path(exc: GrammarError, schema: Any) -> GrammarError:
+    """llguidance's refusal with the keyword and its path in the schema put first, as the
+    automaton's refusals give them."""
+    for regex, keyword, values in _LLG_UNSUPPORTED:
+        match = regex.search(str(exc))
+        if match is None:
+            continue
+        key = keyword or match[1]
+        where = _LLG_WHERE.search(str(exc))  # llguidance's own pointer, when it gives one
+        if where is not None:
+            path: str | None = where[1] or "/"
+        else:
+            path = keyword_path(schema, key, None if values is None else values(match[1]))
+        if path is not None:
+            return type(exc)(f"json_schema keyword '{key}' at {path} is not supported: {exc}")
+    return exc
+
+
+def _prepared(kind: str, pattern: Any) -> Any:
+    """A json_schema loaded, checked against its metaschema and rewritten into keywords
+    the backends enforce (schema_normalize); any other pattern as it is. The output is still
+    validated against the schema as submitted."""
+    return normalize(_load_schema(pattern)) if kind == "json_schema" else pattern
 
 
 def _dumps(schema: Any) -> str:

@@ -144,14 +144,27 @@ def _json_type(value: Any) -> str:
     return "array" if isinstance(value, list) else "object"
 
 
-def _literal_set(schema: Schema) -> set[str] | None:
+def literal_set(schema: Any) -> set[str] | None:
+    """The canonical JSON of each value a const/enum schema allows (1 and 1.0 are one value);
+    None when it is not a literal schema."""
     if not isinstance(schema, dict):
         return None
     if "const" in schema:
-        return {json.dumps(schema["const"], sort_keys=True)}
-    if "enum" in schema:
-        return {json.dumps(v, sort_keys=True) for v in schema["enum"]}
+        return {json.dumps(_canonical(schema["const"]), sort_keys=True)}
+    if isinstance(schema.get("enum"), list):
+        return {json.dumps(_canonical(v), sort_keys=True) for v in schema["enum"]}
     return None
+
+
+def _canonical(value: Any) -> Any:
+    """`value` with integral floats as ints: JSON Schema compares numbers by value."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    return value
 
 
 def disjoint(a: Schema, b: Schema) -> bool:
@@ -159,17 +172,27 @@ def disjoint(a: Schema, b: Schema) -> bool:
     discriminator property with disjoint literals (a sound check, not a complete one)."""
     if not declared_types(a) & declared_types(b):
         return True
-    la, lb = _literal_set(a), _literal_set(b)
+    la, lb = literal_set(a), literal_set(b)
     if la is not None and lb is not None and not la & lb:
         return True
     if isinstance(a, dict) and isinstance(b, dict):
         pa, pb = a.get("properties") or {}, b.get("properties") or {}
         common = set(a.get("required") or ()) & set(b.get("required") or ()) & set(pa) & set(pb)
         for name in common:
-            la, lb = _literal_set(pa[name]), _literal_set(pb[name])
+            la, lb = literal_set(pa[name]), literal_set(pb[name])
             if la is not None and lb is not None and not la & lb:
                 return True
     return False
+
+
+def numeric_bounds(schema: dict) -> dict:
+    """Draft 4's boolean exclusiveMinimum/exclusiveMaximum (a flag on the bound beside it) as
+    the numeric bounds of later drafts."""
+    out = dict(schema)
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(out.get(flag), bool) and out.pop(flag) and bound in out:
+            out[flag] = out.pop(bound)
+    return out
 
 
 _LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")

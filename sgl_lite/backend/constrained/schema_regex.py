@@ -31,6 +31,7 @@ from sgl_lite.backend.constrained.schema_merge import (
     Schema,
     disjoint,
     merge_all,
+    numeric_bounds,
     resolve_ref,
     unsupported,
 )
@@ -211,6 +212,7 @@ class SchemaRegex:
 
     def _integer(self, schema: dict, path: str) -> str | None:
         self._no_multiple_of(schema, path)
+        schema = numeric_bounds(schema)
         lo, hi = None, None
         if "minimum" in schema:
             lo = math.ceil(schema["minimum"])
@@ -229,6 +231,7 @@ class SchemaRegex:
 
     def _number(self, schema: dict, path: str) -> str | None:
         self._no_multiple_of(schema, path)
+        schema = numeric_bounds(schema)
         bounds: dict[str, Fraction] = {}
         for key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
             if key in schema:

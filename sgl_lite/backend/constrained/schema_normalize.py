@@ -1,0 +1,356 @@
+"""Rewrites of a JSON Schema into keywords the backends enforce, before any backend sees it.
+
+Every rewrite here is exact (an instance is valid before if and only if it is valid after),
+except the format rewrite, which narrows as every compiled format does (formats.py):
+- `oneOf` whose branches provably exclude each other (types, literals, a required property with
+  disjoint literals) is `anyOf`; a `oneOf` of bare `required` lists ("exactly one of these
+  keys") is an `anyOf` whose branches forbid the other keys (`properties: {k: false}`);
+- `dependencies` / `dependentRequired` / `dependentSchemas` become an `anyOf` over which of the
+  trigger keys are present (absent: `properties: {k: false}`);
+- `propertyNames: {pattern: P}` on an object that lists no properties is
+  `patternProperties: {P: <additionalProperties>}, additionalProperties: false`;
+- a keyword that only constrains a type the node cannot have (`uniqueItems` beside
+  `type: string`), `uniqueItems` when at most one item is allowed, and `propertyNames: true` are
+  dropped: they hold for every instance;
+- `format: uri-reference` / `format: regex` become a pattern for a subset of RFC 3986
+  references / of regexes (text without metacharacters).
+Anything else is left alone, to be enforced or refused by name by the backend. A rewrite is
+skipped where a `$ref` points inside the keyword it would replace. The final validation always
+uses the schema as submitted, never this one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from sgl_lite.backend.constrained.regex_check import GrammarError
+from sgl_lite.backend.constrained.schema_merge import (
+    ALL_TYPES,
+    ANNOTATIONS,
+    Schema,
+    declared_types,
+    literal_set,
+    merge_all,
+    resolve_ref,
+)
+
+_SCHEMA_KEYS = ("additionalItems", "contains", "additionalProperties", "propertyNames", "not",
+                "if", "then", "else", "unevaluatedItems", "unevaluatedProperties")  # fmt: skip
+_LIST_KEYS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_MAP_KEYS = ("properties", "patternProperties", "dependentSchemas", "$defs", "definitions")
+# keywords that constrain only one instance type, and hold for every instance of another type
+_ARRAY_ONLY = ("uniqueItems", "contains", "minContains", "maxContains", "additionalItems",
+               "unevaluatedItems")  # fmt: skip
+_OBJECT_ONLY = ("propertyNames", "dependencies", "dependentRequired", "dependentSchemas",
+                "unevaluatedProperties", "patternProperties")  # fmt: skip
+MAX_DEPENDENCY_KEYS = 4  # the anyOf has up to 2**n branches
+_SEGMENT = "[A-Za-z0-9._~-]+"  # RFC 3986 unreserved characters, no ':' and no '%'
+# NOTE: a relative or absolute path reference ("a/b", "/a/b/"): never "//", so never an
+# authority, and no ':', so never a scheme. Absolute URIs are left out: their bounded pattern
+# (formats.py) takes seconds to index, once per field.
+URI_REFERENCE = f"/?{_SEGMENT}(/{_SEGMENT})*/?"
+# NOTE: text without regex metacharacters is a regex (matching itself) in every dialect
+REGEX = "[A-Za-z0-9_ -]*"
+EXTRA_FORMATS = {"uri-reference": URI_REFERENCE, "regex": REGEX}
+
+
+def normalize(schema: Any) -> Any:
+    """The schema with the rewrites of this module applied (a new object; input untouched)."""
+    if not isinstance(schema, dict) or "unevaluated" in json.dumps(schema):
+        # NOTE: new sub-schemas would change which properties/items count as evaluated
+        return schema
+    return _Normalizer(schema).node(schema, ())
+
+
+class _Normalizer:
+    """Walks one root schema keyword by keyword; `protected` are the paths $refs point into."""
+
+    def __init__(self, root: dict) -> None:
+        self.root = root
+        self.protected: set[tuple[str, ...]] = set()
+        _collect_refs(root, self.protected)
+
+    def _referenced(self, path: tuple[str, ...], key: str) -> bool:
+        """Whether some $ref points at or inside `path/key` (so it must keep its place)."""
+        inner = (*path, key)
+        return any(p[: len(inner)] == inner for p in self.protected)
+
+    def node(self, schema: Any, path: tuple[str, ...]) -> Any:
+        """The rewritten sub-schema at `path`."""
+        if not isinstance(schema, dict):
+            return schema
+        out = dict(schema)
+        for key in _SCHEMA_KEYS:
+            if key in out:
+                out[key] = self.node(out[key], (*path, key))
+        if "items" in out:
+            items = out["items"]
+            if isinstance(items, list):
+                out["items"] = [self.node(s, (*path, "items", str(i))) for i, s in enumerate(items)]
+            else:
+                out["items"] = self.node(items, (*path, "items"))
+        for key in _LIST_KEYS:
+            if isinstance(out.get(key), list):
+                out[key] = [self.node(s, (*path, key, str(i))) for i, s in enumerate(out[key])]
+        for key in (*_MAP_KEYS, "dependencies"):
+            if isinstance(out.get(key), dict):
+                out[key] = {
+                    k: self.node(v, (*path, key, k)) if isinstance(v, (dict, bool)) else v
+                    for k, v in out[key].items()
+                }
+        return self._rewrite(out, path)
+
+    def _rewrite(self, node: dict, path: tuple[str, ...]) -> dict:
+        types = self.possible_types(node, 0)
+        for key in (*_ARRAY_ONLY, *_OBJECT_ONLY):
+            kind = "array" if key in _ARRAY_ONLY else "object"
+            if key in node and kind not in types and not self._referenced(path, key):
+                del node[key]  # vacuous: no instance of this node is of that type
+        if node.get("uniqueItems") is False or (
+            node.get("uniqueItems") is True and node.get("maxItems", 2) <= 1
+        ):
+            del node["uniqueItems"]
+        if node.get("propertyNames") in (True, {}):
+            del node["propertyNames"]
+        self._property_names(node, path)
+        self._dependencies(node, path)
+        self._one_of(node, path)
+        fmt = node.get("format")
+        if isinstance(fmt, str) and fmt in EXTRA_FORMATS and "pattern" not in node:
+            del node["format"]
+            node["pattern"] = f"^{EXTRA_FORMATS[fmt]}$"
+        return node
+
+    # -- the rewrites ----------------------------------------------------------------------
+
+    def _property_names(self, node: dict, path: tuple[str, ...]) -> None:
+        names = node.get("propertyNames")
+        if not isinstance(names, dict) or self._referenced(path, "propertyNames"):
+            return
+        rest = {k for k in names if k not in ANNOTATIONS}
+        if rest != {"pattern"} or node.get("properties") or node.get("patternProperties"):
+            return
+        if self._referenced(path, "additionalProperties"):
+            return
+        # NOTE: both keywords test names with an unanchored search, so one pattern serves both
+        node["patternProperties"] = {names["pattern"]: node.get("additionalProperties", True)}
+        node["additionalProperties"] = False
+        del node["propertyNames"]
+
+    def _dependencies(self, node: dict, path: tuple[str, ...]) -> None:
+        deps: dict[str, Any] = {}
+        keys = [k for k in ("dependencies", "dependentRequired", "dependentSchemas") if k in node]
+        for key in keys:
+            if not isinstance(node[key], dict) or self._referenced(path, key):
+                return
+            deps.update(node[key])
+        if sum(len(node[k]) for k in keys) != len(deps):
+            return  # NOTE: a name under two of them (both must hold): left to the backend
+        if not deps or len(deps) > MAX_DEPENDENCY_KEYS:
+            return
+        branches = dependency_branches(deps)
+        if branches is None:
+            return
+        for key in keys:
+            del node[key]
+        self._add_any_of(node, branches)
+
+    def _one_of(self, node: dict, path: tuple[str, ...]) -> None:
+        branches = node.get("oneOf")
+        if not isinstance(branches, list) or not branches or self._referenced(path, "oneOf"):
+            return
+        resolved = [self.deref(b) for b in branches]
+        within = declared_types(node)  # the node's own `type` already rules out the rest
+        if all(
+            self.disjoint(a, resolved[j], within)
+            for i, a in enumerate(resolved)
+            for j in range(i + 1, len(resolved))
+        ):
+            new: list[Schema] | None = branches
+        else:
+            new = exclusive_required(resolved)
+        if new is None:
+            return
+        del node["oneOf"]
+        self._add_any_of(node, new)
+
+    @staticmethod
+    def _add_any_of(node: dict, branches: list[Schema]) -> None:
+        """`node` AND anyOf(branches), keeping an anyOf it already has."""
+        if "anyOf" not in node:
+            node["anyOf"] = branches
+        else:
+            node["allOf"] = [*node.get("allOf", []), {"anyOf": branches}]
+
+    # -- analysis --------------------------------------------------------------------------
+
+    def deref(self, schema: Any, hops: int = 0) -> Any:
+        """A bare local `$ref` followed to its target (a few hops at most); else unchanged."""
+        while (
+            isinstance(schema, dict)
+            and set(schema) - ANNOTATIONS == {"$ref"}
+            and hops < 8
+            and isinstance(schema["$ref"], str)
+            and schema["$ref"].startswith("#")
+        ):
+            try:
+                schema, _ = resolve_ref(self.root, schema["$ref"], "")
+            except GrammarError:
+                return schema
+            hops += 1
+        return schema
+
+    def possible_types(self, schema: Any, depth: int) -> frozenset[str]:
+        """A superset of the JSON types an instance of `schema` can have."""
+        schema = self.deref(schema)
+        if not isinstance(schema, dict) or "$ref" in schema:
+            return ALL_TYPES if schema is not False else frozenset()
+        types = declared_types(schema)
+        if depth > 8:
+            return types
+        for key in ("anyOf", "oneOf"):
+            if isinstance(schema.get(key), list):
+                union: frozenset[str] = frozenset()
+                for branch in schema[key]:
+                    union |= self.possible_types(branch, depth + 1)
+                types &= union
+        for part in schema.get("allOf") or ():
+            types &= self.possible_types(part, depth + 1)
+        return types
+
+    def disjoint(self, a: Any, b: Any, within: frozenset[str] = ALL_TYPES) -> bool:
+        """Whether no instance of a type in `within` matches both (sound, not complete)."""
+        types = self.possible_types(a, 0) & self.possible_types(b, 0) & within
+        if not types:
+            return True
+        la, lb = literal_set(a), literal_set(b)
+        if la is not None and lb is not None and not la & lb:
+            return True
+        # NOTE: a discriminator separates objects only: `required` holds for any non-object
+        if types <= {"object"} and isinstance(a, dict) and isinstance(b, dict):
+            pa, pb = a.get("properties") or {}, b.get("properties") or {}
+            common = set(a.get("required") or ()) & set(b.get("required") or ())
+            for name in common & set(pa) & set(pb):
+                la, lb = literal_set(self.deref(pa[name])), literal_set(self.deref(pb[name]))
+                if la is not None and lb is not None and not la & lb:
+                    return True
+        return False
+
+
+def keyword_path(
+    schema: Any, keyword: str, test: Callable[[Any], bool] | None = None
+) -> str | None:
+    """The JSON pointer of the first sub-schema using `keyword` (with a value that passes
+    `test`, if given), for refusals that name only the keyword; None if there is none."""
+    if not isinstance(schema, dict):
+        return None
+    if keyword in schema and (test is None or test(schema[keyword])):
+        return "/"
+    children: list[tuple[str, Any]] = [(k, schema[k]) for k in _SCHEMA_KEYS if k in schema]
+    items = schema.get("items")
+    if isinstance(items, list):
+        children += [(f"items/{i}", s) for i, s in enumerate(items)]
+    elif items is not None:
+        children.append(("items", items))
+    for key in _LIST_KEYS:
+        if isinstance(schema.get(key), list):
+            children += [(f"{key}/{i}", s) for i, s in enumerate(schema[key])]
+    for key in (*_MAP_KEYS, "dependencies"):
+        if isinstance(schema.get(key), dict):
+            children += [(f"{key}/{_escape(k)}", s) for k, s in schema[key].items()]
+    for where, child in children:
+        found = keyword_path(child, keyword, test)
+        if found is not None:
+            return f"/{where}" + ("" if found == "/" else found)
+    return None
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def dependency_branches(deps: dict[str, Any]) -> list[Schema] | None:
+    """The anyOf equal to `deps` (name → required names or a schema): one branch per choice of
+    the trigger names present; None when a dependent schema does not merge."""
+    names = list(deps)
+    branches: list[Schema] = []
+    for mask in range(1 << len(names)):
+        present = [n for i, n in enumerate(names) if mask >> i & 1]
+        absent = [n for n in names if n not in present]
+        required = list(present)
+        parts: list[Schema] = []
+        for name in present:
+            dep = deps[name]
+            if isinstance(dep, list):
+                required += [d for d in dep if d not in required]
+            elif dep is False:
+                break
+            elif isinstance(dep, dict):
+                parts.append(dep)
+        else:
+            if set(required) & set(absent):
+                continue  # a present trigger requires an absent one
+            branch: dict[str, Any] = {"additionalProperties": True}  # see closed_objects
+            if absent:
+                branch["properties"] = dict.fromkeys(absent, False)
+            if required:
+                branch["required"] = required
+            try:
+                merged = merge_all([branch, *parts], "/dependentSchemas") if parts else branch
+            except GrammarError:
+                return None
+            if merged is not False:
+                branches.append(merged)
+    return branches or [False]
+
+
+def exclusive_required(branches: list[Any]) -> list[Schema] | None:
+    """`oneOf` of bare `required` lists as an anyOf: branch i requires its names and lacks one
+    name of every other branch (a single one: then `properties: {name: false}` says it); None
+    where that does not apply."""
+    sets = []
+    for b in branches:
+        if not isinstance(b, dict) or set(b) - ANNOTATIONS != {"required"}:
+            return None
+        sets.append(list(dict.fromkeys(b["required"])))
+    out: list[Schema] = []
+    for i, own in enumerate(sets):
+        forbidden: list[str] = []
+        for j, other in enumerate(sets):
+            if j == i:
+                continue
+            missing = [n for n in other if n not in own]
+            if not missing:
+                break  # whenever branch i holds, branch j does too: never exactly one
+            if len(missing) > 1:
+                return None
+            forbidden.append(missing[0])
+        else:
+            if set(forbidden) & set(own):
+                continue
+            # NOTE: `type` because a non-object satisfies every branch, so fails a oneOf of two
+            branch: dict[str, Any] = {"type": "object", "required": own}
+            if forbidden:
+                branch["properties"] = dict.fromkeys(forbidden, False)
+                branch["additionalProperties"] = True  # see closed_objects
+            out.append(branch)
+    return out or [False]
+
+
+def _collect_refs(node: Any, out: set[tuple[str, ...]]) -> None:
+    """Every local $ref target in `node`, as a path of keys."""
+    if isinstance(node, list):
+        for v in node:
+            _collect_refs(v, out)
+    elif isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            from urllib.parse import unquote
+
+            parts = unquote(ref[1:]).split("/")[1:]
+            out.add(tuple(p.replace("~1", "/").replace("~0", "~") for p in parts))
+        for k, v in node.items():
+            if k not in ("enum", "const", "default", "examples"):
+                _collect_refs(v, out)

@@ -1,0 +1,244 @@
+"""schema_normalize's rewrites are exact: an instance is valid before if and only if it is valid
+after, on hand-picked edge cases and on hypothesis-generated JSON values over the names and
+literals the schemas use; where a rewrite does not apply the schema is left as it is."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sgl_lite.backend.constrained.schema_normalize import (
+    REGEX,
+    URI_REFERENCE,
+    keyword_path,
+    normalize,
+)
+
+D7 = "http://json-schema.org/draft-07/schema#"
+FORMATS = jsonschema.Draft7Validator.FORMAT_CHECKER
+D2020 = "https://json-schema.org/draft/2020-12/schema"
+KEYS = ("a", "b", "c", "k", "url", "type", "10", "x")
+_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 2),
+    st.sampled_from([1.0, 0.5, "a", "b", "", "x/y", "git"]),
+)
+_value = st.recursive(
+    _scalar,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(KEYS), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+INSTANCES = st.one_of(_scalar, st.lists(_value, max_size=3), st.dictionaries(
+    st.sampled_from(KEYS), _value, max_size=5))  # fmt: skip
+
+REWRITTEN: dict[str, tuple[dict, list[Any]]] = {  # schema, hand-picked instances
+    "oneOf by type": (
+        {"oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]},
+        ["a", 0, 1.0, -1, None, [], {}],
+    ),
+    "oneOf by discriminator": (
+        {
+            "type": "object",
+            "oneOf": [
+                {"properties": {"k": {"const": "a"}, "b": {"type": "string"}}, "required": ["k"]},
+                {"properties": {"k": {"enum": ["b", 1]}}, "required": ["k"]},
+            ],
+        },
+        [{"k": "a"}, {"k": "b"}, {"k": 1.0}, {"k": "a", "b": 2}, {}, "a"],
+    ),
+    "oneOf by discriminator via $ref": (
+        {
+            "$defs": {"A": {"properties": {"k": {"const": "a"}}, "required": ["k"]}},
+            "type": "object",
+            "oneOf": [
+                {"$ref": "#/$defs/A"},
+                {"properties": {"k": {"const": "b"}}, "required": ["k"]},
+            ],
+        },
+        [{"k": "a"}, {"k": "b"}, {"k": "c"}, {}],
+    ),
+    "oneOf of required lists": (
+        {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+        [{"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {}, 3, "a", None],
+    ),
+    "oneOf of three required lists": (
+        {
+            "type": "object",
+            "oneOf": [{"required": ["a"]}, {"required": ["b"]}, {"required": ["c"]}],
+        },
+        [{"a": 1}, {"c": 1}, {"a": 1, "c": 1}, {"x": 1}, {"a": 1, "b": 1, "c": 1}],
+    ),
+    "oneOf of nested required lists": (
+        {"oneOf": [{"required": ["a"]}, {"required": ["a", "b"]}]},
+        [{"a": 1}, {"a": 1, "b": 1}, {"b": 1}],
+    ),
+    "draft-7 dependencies": (
+        {
+            "$schema": D7,
+            "type": "object",
+            "properties": {"url": {"type": "string"}, "type": {"type": "string"}},
+            "dependencies": {"url": ["type"], "type": ["url"], "k": {"required": ["x"]}},
+        },
+        [{}, {"url": "a"}, {"url": "a", "type": "b"}, {"k": 1}, {"k": 1, "x": 2}, []],
+    ),
+    "dependentRequired and dependentSchemas": (
+        {
+            "$schema": D2020,
+            "dependentRequired": {"a": ["b", "c"]},
+            "dependentSchemas": {"x": {"properties": {"a": {"type": "integer"}}}},
+        },
+        [{"a": 1}, {"a": 1, "b": 1, "c": 1}, {"x": 1, "a": "s"}, {"x": 1, "a": 1, "b": 1, "c": 1}],
+    ),
+    "propertyNames pattern": (
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[1-9][0-9]*$"},
+            "additionalProperties": {"type": "string"},
+        },
+        [{}, {"10": "a"}, {"10": 1}, {"a": "a"}, "a"],
+    ),
+    "vacuous array keywords": (
+        {"type": "object", "properties": {"a": {"type": "string", "uniqueItems": True}}},
+        [{"a": "x"}, {"a": [1, 1]}],
+    ),
+    "vacuous uniqueItems through oneOf": (
+        {"uniqueItems": True, "oneOf": [{"type": "string"}, {"type": "integer"}]},
+        ["a", 1, [1, 1]],
+    ),
+    "uniqueItems with one item at most": (
+        {"type": "array", "maxItems": 1, "uniqueItems": True},
+        [[], [1], [1, 1]],
+    ),
+    "propertyNames true": ({"propertyNames": True, "type": "object"}, [{}, {"a": 1}]),
+}
+
+UNCHANGED = {
+    "overlapping oneOf": {"oneOf": [{"type": "integer"}, {"type": "number"}]},
+    "discriminator without object type": {
+        "oneOf": [
+            {"properties": {"k": {"const": "a"}}, "required": ["k"]},
+            {"properties": {"k": {"const": "b"}}, "required": ["k"]},
+        ]
+    },
+    "1 and 1.0 are one literal": {"oneOf": [{"const": 1}, {"const": 1.0}]},
+    "required lists two names apart": {"oneOf": [{"required": ["a", "b"]}, {"required": ["c"]}]},
+    "a $ref into the oneOf": {
+        "properties": {"a": {"$ref": "#/oneOf/0"}},
+        "oneOf": [{"type": "string"}, {"type": "integer"}],
+    },
+    "unevaluatedProperties": {
+        "$schema": D2020,
+        "oneOf": [{"type": "string"}, {"type": "integer"}],
+        "unevaluatedProperties": False,
+    },
+    "propertyNames beside properties": {
+        "properties": {"a": {}},
+        "propertyNames": {"pattern": "^a"},
+    },
+    "one name under two dependency keywords": {
+        "dependentRequired": {"a": ["b"]},
+        "dependentSchemas": {"a": {"required": ["c"]}},
+    },
+}
+
+
+def _valid(schema: dict, instance: Any) -> bool:
+    return jsonschema.validators.validator_for(schema)(schema).is_valid(instance)
+
+
+@pytest.mark.parametrize("name", list(REWRITTEN))
+def test_each_rewrite_applies_and_keeps_the_hand_picked_verdicts(name: str) -> None:
+    schema, instances = REWRITTEN[name]
+    before = copy.deepcopy(schema)
+    after = normalize(schema)
+    assert schema == before  # the input is not modified
+    assert after != schema
+    for key in ("oneOf", "dependencies", "dependentRequired", "dependentSchemas"):
+        assert key not in after
+    assert "propertyNames" not in after and "uniqueItems" not in str(after.get("properties"))
+    for instance in instances:
+        assert _valid(schema, instance) == _valid(after, instance), instance
+
+
+@pytest.mark.parametrize("name", list(REWRITTEN))
+@settings(max_examples=150, deadline=None)
+@given(instance=INSTANCES)
+def test_each_rewrite_is_exact_on_generated_instances(name: str, instance: Any) -> None:
+    schema, _ = REWRITTEN[name]
+    assert _valid(schema, instance) == _valid(normalize(schema), instance)
+
+
+@pytest.mark.parametrize("name", list(UNCHANGED))
+def test_a_rewrite_that_would_not_be_exact_is_not_made(name: str) -> None:
+    assert normalize(UNCHANGED[name]) == UNCHANGED[name]
+
+
+def test_the_exclusive_required_rewrite_forbids_the_other_names() -> None:
+    after = normalize({"oneOf": [{"required": ["a"]}, {"required": ["a", "b"]}]})
+    # the second branch implies the first, so it can never hold alone: only "a without b" is left
+    assert after == {
+        "anyOf": [
+            {
+                "type": "object",
+                "required": ["a"],
+                "properties": {"b": False},
+                "additionalProperties": True,
+            }
+        ]
+    }
+
+
+def test_an_existing_any_of_is_kept_beside_the_new_one() -> None:
+    schema = {
+        "anyOf": [{"required": ["x"]}, {"required": ["k"]}],
+        "dependentRequired": {"a": ["b"]},
+    }
+    after = normalize(schema)
+    assert after["anyOf"] == schema["anyOf"] and len(after["allOf"]) == 1
+    for instance in ({"x": 1}, {"x": 1, "a": 1}, {"x": 1, "a": 1, "b": 1}, {"a": 1, "b": 1}):
+        assert _valid(schema, instance) == _valid(after, instance)
+
+
+_PATH_REFERENCE = re.compile(r"/?[A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*/?")
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.from_regex(f"^{URI_REFERENCE}$"))
+def test_uri_reference_is_a_subset_of_rfc3986_path_references(text: str) -> None:
+    # RFC 3986 relative-ref: no scheme (no ':' before the first '/'), no authority ('//')
+    assert _PATH_REFERENCE.fullmatch(text.rstrip("\n")) and not text.startswith("//")
+    assert ":" not in text and "%" not in text  # no lone percent escapes either
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.from_regex(f"^{REGEX}$"))
+def test_regex_format_text_compiles_and_matches_itself(text: str) -> None:
+    assert re.fullmatch(re.compile(text), text)
+    assert jsonschema.Draft7Validator({"format": "regex"}, format_checker=FORMATS).is_valid(text)
+
+
+def test_uri_reference_becomes_a_pattern_and_other_formats_stay() -> None:
+    after = normalize({"properties": {"a": {"type": "string", "format": "uri-reference"}}})
+    assert after["properties"]["a"] == {"type": "string", "pattern": f"^{URI_REFERENCE}$"}
+    kept = {"type": "string", "format": "uri-reference", "pattern": "^a"}
+    assert normalize(kept) == kept  # beside a pattern: two patterns cannot be one keyword
+    assert normalize({"format": "date"}) == {"format": "date"}
+
+
+def test_keyword_path_names_the_first_use_with_escapes() -> None:
+    schema = {
+        "properties": {"a/b": {"items": [{"type": "string"}, {"uniqueItems": True}]}},
+        "$defs": {"f": {"format": "iri"}},
+    }
+    assert keyword_path(schema, "uniqueItems") == "/properties/a~1b/items/1"
+    assert keyword_path(schema, "format", "iri".__eq__) == "/$defs/f"
+    assert keyword_path(schema, "format", "date".__eq__) is None
