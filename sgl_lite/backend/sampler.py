@@ -14,6 +14,7 @@ generator, the others from the sampler's (seeded from the engine config, never t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -44,11 +45,20 @@ class Sampler:
         self.vocab_size = vocab_size
         self.generator = torch.Generator().manual_seed(seed)
 
-    def sample(self, batch: ScheduleBatch, output: ForwardOutput) -> list[Sample]:
-        """One Sample per request of `batch`, from the pass's `output`."""
+    def sample(
+        self,
+        batch: ScheduleBatch,
+        output: ForwardOutput,
+        masks: Mapping[Req, torch.Tensor] | None = None,
+    ) -> list[Sample]:
+        """One Sample per request of `batch`, from the pass's `output`; `masks` are the grammar
+        masks computed for this step (mask_prefetch.py), else each guide is asked here. A
+        request that ended during the step gets an empty Sample."""
         samples = [Sample() for _ in batch.reqs]
         sampling: list[int] = []  # batch entries that sample a token
         for i, (req, segment) in enumerate(zip(batch.reqs, batch.segments)):
+            if req.is_finished:
+                continue
             completes = batch.completes(i)
             if completes and req.sampling_params.max_new_tokens > 0:
                 sampling.append(i)
@@ -67,19 +77,22 @@ class Sampler:
         if len(last) != logits.shape[0]:
             logits = logits.index_select(0, torch.tensor(last, device=logits.device))
         reqs = [batch.reqs[i] for i in sampling]
-        tokens, values = self.sample_rows(logits.float().cpu(), reqs)
+        tokens, values = self.sample_rows(logits.float().cpu(), reqs, masks)
         for row, (i, token) in enumerate(zip(sampling, tokens)):
             samples[i] = samples[i]._replace(token=token, logprobs=values, row=row)
         return samples
 
     def sample_rows(
-        self, logits: torch.Tensor, reqs: list[Req]
+        self,
+        logits: torch.Tensor,
+        reqs: list[Req],
+        masks: Mapping[Req, torch.Tensor] | None = None,
     ) -> tuple[list[int], TokenLogprobs | None]:
         """logits (B, V) for the B requests, in order → one token each, and their logprobs
         when any request asked for them."""
         want_logprobs = any(r.logprobs is not None for r in reqs)
         raw = logits if want_logprobs else None
-        logits = self._apply_penalties_and_masks(logits, reqs)
+        logits = self._apply_penalties_and_masks(logits, reqs, masks)
         tokens = logits.argmax(dim=-1)  # (B,)
         for i, req in enumerate(reqs):
             if not req.sampling_params.is_greedy:
@@ -89,7 +102,9 @@ class Sampler:
         k = max(r.logprobs.top_k for r in reqs if r.logprobs is not None)
         return tokens.tolist(), token_logprobs(raw, tokens, k)
 
-    def _apply_penalties_and_masks(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+    def _apply_penalties_and_masks(
+        self, logits: torch.Tensor, reqs: list[Req], masks: Mapping[Req, torch.Tensor] | None
+    ) -> torch.Tensor:
         needs_copy = any(
             r.sampling_params.has_penalties
             or r.sampling_params.logit_bias
@@ -109,7 +124,10 @@ class Sampler:
             params = req.sampling_params
             row = logits[i]
             if req.guide is not None:
-                allowed = req.guide.allowed_mask().to(row.device)
+                allowed = masks.get(req) if masks is not None else None
+                if allowed is None:
+                    allowed = req.guide.allowed_mask()
+                allowed = allowed.to(row.device)
                 # Ids past the tokenizer's vocabulary (padding rows of the LM head) never fit.
                 row[: allowed.shape[0]].masked_fill_(~allowed, float("-inf"))
                 row[allowed.shape[0] :] = float("-inf")
