@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from sgl_lite.backend.scheduler import ScheduleBatch
 
 
+# greedy_argmax: chunk width, and the batch size (rows x vocab) from which chunking wins
+ARGMAX_CHUNK = 256
+ARGMAX_FAST_MIN = 1 << 17
+
+
 class Sample(NamedTuple):
     """What batch entry i got from a pass: its next token (None if it does not sample this
     step) with that token's logprobs (row `row` of `logprobs`), and prompt logprobs."""
@@ -77,7 +82,8 @@ class Sampler:
         if len(last) != logits.shape[0]:
             logits = logits.index_select(0, torch.tensor(last, device=logits.device))
         reqs = [batch.reqs[i] for i in sampling]
-        tokens, values = self.sample_rows(logits.float().cpu(), reqs, masks)
+        # the runner hands its logits over (nothing reads them after this): no copy needed
+        tokens, values = self.sample_rows(logits.float().cpu(), reqs, masks, owned=True)
         for row, (i, token) in enumerate(zip(sampling, tokens)):
             samples[i] = samples[i]._replace(token=token, logprobs=values, row=row)
         return samples
@@ -87,15 +93,20 @@ class Sampler:
         logits: torch.Tensor,
         reqs: list[Req],
         masks: Mapping[Req, torch.Tensor] | None = None,
+        *,
+        owned: bool = False,
     ) -> tuple[list[int], TokenLogprobs | None]:
         """logits (B, V) for the B requests, in order → one token each, and their logprobs
-        when any request asked for them."""
+        when any request asked for them. With `owned` the caller gives the logits up, and
+        penalties and masks are written into them instead of a copy."""
         want_logprobs = any(r.logprobs is not None for r in reqs)
         raw = logits if want_logprobs else None
-        logits = self._apply_penalties_and_masks(logits, reqs, masks)
-        tokens = logits.argmax(dim=-1)  # (B,)
+        in_place = owned and raw is None and logits.is_contiguous()
+        logits = self._apply_penalties_and_masks(logits, reqs, masks, in_place)
+        greedy = [r.sampling_params.is_greedy for r in reqs]
+        tokens = greedy_argmax(logits) if any(greedy) else torch.zeros(len(reqs), dtype=torch.long)
         for i, req in enumerate(reqs):
-            if not req.sampling_params.is_greedy:
+            if not greedy[i]:
                 tokens[i] = self._draw(logits[i], req)
         if raw is None:
             return tokens.tolist(), None
@@ -103,19 +114,23 @@ class Sampler:
         return tokens.tolist(), token_logprobs(raw, tokens, k)
 
     def _apply_penalties_and_masks(
-        self, logits: torch.Tensor, reqs: list[Req], masks: Mapping[Req, torch.Tensor] | None
+        self,
+        logits: torch.Tensor,
+        reqs: list[Req],
+        masks: Mapping[Req, torch.Tensor] | None,
+        in_place: bool,
     ) -> torch.Tensor:
-        needs_copy = any(
+        changes = any(
             r.sampling_params.has_penalties
             or r.sampling_params.logit_bias
             or r.guide is not None
             or self._blocks_stop(r)
             for r in reqs
         )
-        if not needs_copy:
+        if not changes:
             return logits
-        # contiguous: the logit_bias add indexes the flattened rows
-        logits = logits.clone(memory_format=torch.contiguous_format)
+        if not in_place:  # contiguous: the logit_bias add indexes the flattened rows
+            logits = logits.clone(memory_format=torch.contiguous_format)
         for i, req in enumerate(reqs):
             if req.sampling_params.has_penalties:
                 _apply_penalties(logits[i], req)
@@ -129,8 +144,10 @@ class Sampler:
                     allowed = req.guide.allowed_mask()
                 allowed = allowed.to(row.device)
                 # Ids past the tokenizer's vocabulary (padding rows of the LM head) never fit.
-                row[: allowed.shape[0]].masked_fill_(~allowed, float("-inf"))
-                row[allowed.shape[0] :] = float("-inf")
+                width = allowed.shape[0]
+                row[:width].masked_fill_(~allowed, float("-inf"))
+                if width < row.shape[0]:
+                    row[width:] = float("-inf")
             if self._blocks_stop(req):
                 stop_ids = [
                     t
@@ -161,6 +178,29 @@ class Sampler:
             probs[probs < params.min_p * probs.max()] = 0
         generator = req.generator if req.generator is not None else self.generator
         return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """`logits.argmax(-1)` of (B, V) rows, the same indices (the first maximum; a NaN counts as
+    the maximum), faster for large inputs on the CPU.
+
+    torch's CPU argmax along a row is a scalar loop (~5 ns a logit on one core: 3.5 ms for 16
+    rows of 49k), while `amax` is vectorised. So: the max of each chunk of ARGMAX_CHUNK logits,
+    the first chunk holding the row's max, and argmax inside that chunk alone (~0.25 ms).
+    """
+    rows, vocab = logits.shape
+    if logits.device.type != "cpu" or rows * vocab < ARGMAX_FAST_MIN or vocab < 2 * ARGMAX_CHUNK:
+        return logits.argmax(dim=-1)
+    logits = logits.contiguous()
+    whole = vocab // ARGMAX_CHUNK * ARGMAX_CHUNK
+    best = logits[:, :whole].view(rows, -1, ARGMAX_CHUNK).amax(-1)  # (B, chunks)
+    if whole < vocab:
+        best = torch.cat([best, logits[:, whole:].amax(-1, keepdim=True)], dim=1)
+    start = best.argmax(-1) * ARGMAX_CHUNK  # (B,): first chunk holding the max (or a NaN)
+    index = start[:, None] + torch.arange(ARGMAX_CHUNK)
+    inside = logits.gather(1, index.clamp_max(vocab - 1))
+    inside.masked_fill_(index >= vocab, float("-inf"))  # the last chunk may be short
+    return start + inside.argmax(-1)
 
 
 def _apply_penalties(row: torch.Tensor, req: Req) -> None:

@@ -34,6 +34,15 @@ LPM_QUEUE_LIMIT = 128  # past this many waiting requests, matching them all cost
 IN_BATCH_SHARED_MIN = 32  # defer a request that would recompute this many tokens another computes
 
 
+def _sequence_slice(req: Req, start: int, n: int) -> list[int]:
+    """`req.fill_ids[start:start + n]` without building `fill_ids` (a copy of the prompt) when
+    the slice lies in the output, as every decode step's does."""
+    prompt = len(req.input_ids)
+    if start >= prompt:
+        return req.output_ids[start - prompt : start - prompt + n]
+    return req.fill_ids[start : start + n]
+
+
 @dataclass(frozen=True)
 class ScheduleBatch:
     """What one forward pass computes: a segment per request, in the same order."""
@@ -213,7 +222,7 @@ class Scheduler:
             return None
         start = req.kv_len
         req.slot_ids = torch.cat([req.slot_ids, slots])
-        token_ids = req.fill_ids[start : start + n]
+        token_ids = _sequence_slice(req, start, n)
         completes = start + n == req.seq_len
         logits_from = n - 1 if completes else n
         if req.needs_input_logprobs:
