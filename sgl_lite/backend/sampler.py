@@ -82,8 +82,7 @@ class Sampler:
         if len(last) != logits.shape[0]:
             logits = logits.index_select(0, torch.tensor(last, device=logits.device))
         reqs = [batch.reqs[i] for i in sampling]
-        # the runner hands its logits over (nothing reads them after this): no copy needed
-        tokens, values = self.sample_rows(logits.float().cpu(), reqs, masks, owned=True)
+        tokens, values = self.sample_rows(logits.float().cpu(), reqs, masks)
         for row, (i, token) in enumerate(zip(sampling, tokens)):
             samples[i] = samples[i]._replace(token=token, logprobs=values, row=row)
         return samples
@@ -93,16 +92,12 @@ class Sampler:
         logits: torch.Tensor,
         reqs: list[Req],
         masks: Mapping[Req, torch.Tensor] | None = None,
-        *,
-        owned: bool = False,
     ) -> tuple[list[int], TokenLogprobs | None]:
         """logits (B, V) for the B requests, in order → one token each, and their logprobs
-        when any request asked for them. With `owned` the caller gives the logits up, and
-        penalties and masks are written into them instead of a copy."""
+        when any request asked for them."""
         want_logprobs = any(r.logprobs is not None for r in reqs)
         raw = logits if want_logprobs else None
-        in_place = owned and raw is None and logits.is_contiguous()
-        logits = self._apply_penalties_and_masks(logits, reqs, masks, in_place)
+        logits = self._apply_penalties_and_masks(logits, reqs, masks)
         greedy = [r.sampling_params.is_greedy for r in reqs]
         tokens = greedy_argmax(logits) if any(greedy) else torch.zeros(len(reqs), dtype=torch.long)
         for i, req in enumerate(reqs):
@@ -114,11 +109,7 @@ class Sampler:
         return tokens.tolist(), token_logprobs(raw, tokens, k)
 
     def _apply_penalties_and_masks(
-        self,
-        logits: torch.Tensor,
-        reqs: list[Req],
-        masks: Mapping[Req, torch.Tensor] | None,
-        in_place: bool,
+        self, logits: torch.Tensor, reqs: list[Req], masks: Mapping[Req, torch.Tensor] | None
     ) -> torch.Tensor:
         changes = any(
             r.sampling_params.has_penalties
@@ -129,8 +120,9 @@ class Sampler:
         )
         if not changes:
             return logits
-        if not in_place:  # contiguous: the logit_bias add indexes the flattened rows
-            logits = logits.clone(memory_format=torch.contiguous_format)
+        # NOTE: a copy, never in place: the runner's logits are inference tensors, and the
+        # caller may still read them. Contiguous: the logit_bias add indexes the flat rows.
+        logits = logits.clone(memory_format=torch.contiguous_format)
         for i, req in enumerate(reqs):
             if req.sampling_params.has_penalties:
                 _apply_penalties(logits[i], req)
