@@ -111,43 +111,58 @@ class Sampler:
     def _apply_penalties_and_masks(
         self, logits: torch.Tensor, reqs: list[Req], masks: Mapping[Req, torch.Tensor] | None
     ) -> torch.Tensor:
-        changes = any(
-            r.sampling_params.has_penalties
-            or r.sampling_params.logit_bias
-            or r.guide is not None
-            or self._blocks_stop(r)
-            for r in reqs
-        )
-        if not changes:
+        edits = any(r.sampling_params.has_penalties or r.sampling_params.logit_bias for r in reqs)
+        rows = [i for i, r in enumerate(reqs) if r.guide is not None]  # constrained rows
+        blocks = [i for i, r in enumerate(reqs) if self._blocks_stop(r)]
+        if not (edits or rows or blocks):
             return logits
         # NOTE: a copy, never in place: the runner's logits are inference tensors, and the
-        # caller may still read them. Contiguous: the logit_bias add indexes the flat rows.
-        logits = logits.clone(memory_format=torch.contiguous_format)
-        for i, req in enumerate(reqs):
-            if req.sampling_params.has_penalties:
-                _apply_penalties(logits[i], req)
-        _apply_logit_bias(logits, reqs)
-        for i, req in enumerate(reqs):
-            params = req.sampling_params
-            row = logits[i]
-            if req.guide is not None:
-                allowed = masks.get(req) if masks is not None else None
-                if allowed is None:
-                    allowed = req.guide.allowed_mask()
-                allowed = allowed.to(row.device)
-                # Ids past the tokenizer's vocabulary (padding rows of the LM head) never fit.
-                width = allowed.shape[0]
-                row[:width].masked_fill_(~allowed, float("-inf"))
-                if width < row.shape[0]:
-                    row[width:] = float("-inf")
-            if self._blocks_stop(req):
-                stop_ids = [
-                    t
-                    for t in self.eos_token_ids | set(params.stop_token_ids)
-                    if t < self.vocab_size
-                ]
-                row[stop_ids] = float("-inf")
+        # caller may still read them. When every row is masked and nothing else edits them,
+        # the mask's torch.where is that copy.
+        if edits or len(rows) < len(reqs):
+            # contiguous: the logit_bias add indexes the flattened rows
+            logits = logits.clone(memory_format=torch.contiguous_format)
+            for i, req in enumerate(reqs):
+                if req.sampling_params.has_penalties:
+                    _apply_penalties(logits[i], req)
+            _apply_logit_bias(logits, reqs)
+        if rows:  # after the bias, so a constraint always wins
+            allowed = self._allowed(logits, [reqs[i] for i in rows], masks)
+            if len(rows) == logits.shape[0]:
+                logits = torch.where(allowed, logits, float("-inf"))
+            else:
+                index = torch.tensor(rows, device=logits.device)
+                picked = torch.where(allowed, logits.index_select(0, index), float("-inf"))
+                logits.index_copy_(0, index, picked)
+        for i in blocks:
+            params = reqs[i].sampling_params
+            stop_ids = [
+                t for t in self.eos_token_ids | set(params.stop_token_ids) if t < self.vocab_size
+            ]
+            logits[i, stop_ids] = float("-inf")
         return logits
+
+    @staticmethod
+    def _allowed(
+        logits: torch.Tensor, reqs: list[Req], masks: Mapping[Req, torch.Tensor] | None
+    ) -> torch.Tensor:
+        """(len(reqs), V) bool: each constrained request's grammar mask (the step's, else its
+        guide's), one `torch.where` for all (a bool masked_fill_ per row is ~4x slower). Ids
+        past the tokenizer's vocabulary (padding rows of the LM head) are never allowed."""
+        got = []
+        for req in reqs:
+            mask = masks.get(req) if masks is not None else None
+            if mask is None:
+                assert req.guide is not None
+                mask = req.guide.allowed_mask()
+            got.append(mask)
+        vocab = logits.shape[1]
+        if all(m.shape[0] == vocab for m in got):
+            return torch.stack(got).to(logits.device)
+        out = torch.zeros(len(got), vocab, dtype=torch.bool)
+        for j, mask in enumerate(got):
+            out[j, : mask.shape[0]] = mask[:vocab]
+        return out.to(logits.device)
 
     @staticmethod
     def _blocks_stop(req: Req) -> bool:
