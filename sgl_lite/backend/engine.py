@@ -362,9 +362,8 @@ class Engine:
         return req.guide.meta_info(detok.text)
 
     def _publish(self, req: Req) -> None:
-        """Hands the request's progress since its last output to its sink (nothing once its
-        final output went out: a request whose mask failed ended in its own abort)."""
-        if self._reqs.get(req.rid) is not req:
+        """Hands the request's progress since its last output to its sink; never after its last."""
+        if self._reqs.get(req.rid) is not req:  # its final output went out (a failed mask)
             return
         now = time.perf_counter()
         if req.finish_reason is not None:
