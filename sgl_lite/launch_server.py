@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--constrained-json-whitespace-pattern", default=None)
     p.add_argument("--disable-jump-forward", action="store_true")
+    p.add_argument(
+        "--disable-overlap-masks",
+        action="store_true",
+        help="compute grammar masks after the forward pass instead of beside it",
+    )
     p.add_argument("--grammar-compile-timeout", type=float, default=None)
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
@@ -264,6 +269,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     for flag in ("disable_radix_cache", "disable_jump_forward", "trust_remote_code"):
         if getattr(args, flag):
             kwargs[flag] = True
+    if args.disable_overlap_masks:
+        kwargs["overlap_masks"] = False
     kwargs["log_level"] = args.log_level
     return kwargs
 

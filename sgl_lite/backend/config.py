@@ -56,6 +56,9 @@ class EngineConfig:
     grammar_backend: str = "auto"
     constrained_json_whitespace_pattern: str | None = None
     disable_jump_forward: bool = False
+    # Grammar masks on a worker thread while the forward runs (backend/mask_prefetch.py);
+    # False computes them after it, on the loop thread.
+    overlap_masks: bool = True
     grammar_compile_timeout: float = 10.0
     random_seed: int = 0
     log_level: str = "info"

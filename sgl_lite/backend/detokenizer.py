@@ -10,13 +10,17 @@ Decoded text is split in two: *final* text, which no stop string or stop regex c
 match, and a short *pending* tail that might yet become (or already is) a match. Callers
 stream the final text only, so nothing downstream holds text back.
 
-The tokenizer only needs `decode(ids, skip_special_tokens=...)`.
+The tokenizer only needs `decode(ids, skip_special_tokens=...)`. For a HF fast tokenizer that
+adds nothing to its `tokenizers` backend's decode (no override, no space clean-up), the backend
+is called directly: the same text without transformers' per-call overhead (~7 µs of ~8), twice
+per request per step.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from sgl_lite.backend.sampling_params import SamplingParams, compile_stop_regex
@@ -24,6 +28,25 @@ from sgl_lite.backend.sampling_params import SamplingParams, compile_stop_regex
 # Checkpoints kept for `rewind`; jump-forward replaces at most its retokenize window (32
 # tokens), and each checkpoint covers at least one token.
 _HISTORY = 64
+
+
+def backend_decoder(tokenizer: Any) -> Callable[[list[int], bool], str] | None:
+    """`(ids, skip_special_tokens) -> text` straight from the `tokenizers` backend of a HF fast
+    tokenizer whose `decode` is exactly that backend's (transformers' own `decode`/`_decode`,
+    `clean_up_tokenization_spaces` off); None for any other tokenizer."""
+    transformers = sys.modules.get("transformers")  # not loaded: not a HF tokenizer either
+    if transformers is None:
+        return None
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    fast = transformers.PreTrainedTokenizerFast
+    if not isinstance(tokenizer, fast) or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    decode = getattr(tokenizer.decode, "__func__", None)
+    if decode is not PreTrainedTokenizerBase.decode or type(tokenizer)._decode is not fast._decode:
+        return None
+    backend = tokenizer.backend_tokenizer
+    return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)
 
 
 class StopMatch(NamedTuple):
@@ -39,6 +62,7 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
         self.tokenizer = tokenizer
+        self._backend_decode = backend_decoder(tokenizer)
         self.skip_special_tokens = params.skip_special_tokens
         self.no_stop_trim = params.no_stop_trim
         self.stops = params.stop
@@ -121,6 +145,8 @@ class IncrementalDetokenizer:
     def _decode(self, ids: Sequence[int]) -> str:
         if not ids:
             return ""
+        if self._backend_decode is not None:
+            return self._backend_decode(list(ids), self.skip_special_tokens)
         return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
 
     def _add(self, text: str) -> None:

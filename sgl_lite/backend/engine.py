@@ -29,9 +29,10 @@ from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.detokenizer import IncrementalDetokenizer
 from sgl_lite.backend.engine_info import engine_info
-from sgl_lite.backend.engine_setup import build_config, configure_logging, load_model
+from sgl_lite.backend.engine_setup import build_config, configure_logging, eos_token_ids, load_model
 from sgl_lite.backend.errors import EngineError, InvalidRequest
 from sgl_lite.backend.kv_pool import KVPool
+from sgl_lite.backend.mask_prefetch import MaskPrefetcher, mask_failure
 from sgl_lite.backend.model_runner import ForwardOutput, Segment
 from sgl_lite.backend.output_processor import OutputProcessor
 from sgl_lite.backend.outputs import (
@@ -80,10 +81,11 @@ class Engine:
         self.tokenizer = tokenizer
         self.runner = runner
         self.cache = CacheManager(runner.pool, config.disable_radix_cache)
-        eos = self._eos_token_ids()
+        eos = eos_token_ids(runner, tokenizer)
         self.sampler = Sampler(eos, runner.vocab_size, seed=config.random_seed)
         self.outputs = OutputProcessor(tokenizer, eos, jump_forward=not config.disable_jump_forward)
         self.scheduler = Scheduler(config, self.cache, self.outputs)
+        self.masks = MaskPrefetcher(overlap=config.overlap_masks)
         self.builder = RequestBuilder(
             config,
             tokenizer,
@@ -110,13 +112,6 @@ class Engine:
             runner.pool.nbytes / 2**20,
             config.max_running_requests,
         )
-
-    def _eos_token_ids(self) -> set[int]:
-        ids = getattr(getattr(self.runner, "hf_config", None), "eos_token_id", None)
-        eos = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
-        if getattr(self.tokenizer, "eos_token_id", None) is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        return eos
 
     # --- public API ---------------------------------------------------------------------
     @property
@@ -272,6 +267,7 @@ class Engine:
         self._drain_inbox(block=False)
         error = EngineError("engine shut down")
         self._abort_all(FinishReason.abort(str(error), error))
+        self.masks.shutdown()
 
     def _abort_all(self, reason: FinishReason) -> int:
         reqs = list(self._reqs.values())
@@ -335,9 +331,15 @@ class Engine:
         if batch is None:
             return None
         self.admission.started(batch.reqs)
-        output = self.runner.forward(batch.segments)
+        pending = self.masks.start(batch)  # grammar masks on the worker, beside the forward
+        try:
+            output = self.runner.forward(batch.segments)
+        finally:
+            masks = pending.wait()  # the worker is idle past here: process() advances guides
         self.forward_passes += 1
-        samples = self.sampler.sample(batch, output)
+        for req, exc in masks.errors.items():  # that request's error, not the whole step's
+            self._abort(req, mask_failure(exc))
+        samples = self.sampler.sample(batch, output, masks.masks)
         finished = self.scheduler.process(batch, samples)
         for req, sample in zip(batch.reqs, samples):
             if req.is_finished or (req.stream and sample.token is not None):
@@ -360,7 +362,9 @@ class Engine:
         return req.guide.meta_info(detok.text)
 
     def _publish(self, req: Req) -> None:
-        """Hands the request's progress since its last output to its sink."""
+        """Hands the request's progress since its last output to its sink; never after its last."""
+        if self._reqs.get(req.rid) is not req:  # its final output went out (a failed mask)
+            return
         now = time.perf_counter()
         if req.finish_reason is not None:
             req.finished_at = req.finished_at or now

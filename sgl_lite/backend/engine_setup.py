@@ -55,3 +55,13 @@ def load_model(config: EngineConfig, runner: Any, tokenizer: Any) -> tuple[Path 
             folder, config.tokenizer_path, config.chat_template, config.trust_remote_code
         )
     return folder, runner or ModelRunner(folder, config), tokenizer
+
+
+def eos_token_ids(runner: Any, tokenizer: Any) -> set[int]:
+    """The ids that end a generation: the model config's `eos_token_id` (one or a list) and the
+    tokenizer's own."""
+    ids = getattr(getattr(runner, "hf_config", None), "eos_token_id", None)
+    eos = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(tokenizer.eos_token_id)
+    return eos

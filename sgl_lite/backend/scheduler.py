@@ -14,20 +14,33 @@ nothing about text.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.errors import EngineError
 from sgl_lite.backend.model_runner import Segment
 from sgl_lite.backend.output_processor import OutputProcessor
+from sgl_lite.backend.outputs import FinishReason
 from sgl_lite.backend.request import Req, ReqStatus
 from sgl_lite.backend.sampler import Sample
 from sgl_lite.common import common_prefix_len
 
+logger = logging.getLogger("sgl_lite")
 LPM_QUEUE_LIMIT = 128  # past this many waiting requests, matching them all costs more than it saves
 IN_BATCH_SHARED_MIN = 32  # defer a request that would recompute this many tokens another computes
+
+
+def _sequence_slice(req: Req, start: int, n: int) -> list[int]:
+    """`req.fill_ids[start:start + n]` without building `fill_ids` (a copy of the prompt) when
+    the slice lies in the output, as every decode step's does."""
+    prompt = len(req.input_ids)
+    if start >= prompt:
+        return req.output_ids[start - prompt : start - prompt + n]
+    return req.fill_ids[start : start + n]
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,10 @@ class ScheduleBatch:
     def completes(self, i: int) -> bool:
         """Whether request i's sequence is fully computed after this pass (it samples next)."""
         return self.segments[i].end == self.reqs[i].seq_len
+
+    def samples(self, i: int) -> bool:
+        """Whether request i draws a token from this pass (complete, and asks for tokens)."""
+        return self.completes(i) and self.reqs[i].sampling_params.max_new_tokens > 0
 
 
 class Scheduler:
@@ -205,7 +222,7 @@ class Scheduler:
             return None
         start = req.kv_len
         req.slot_ids = torch.cat([req.slot_ids, slots])
-        token_ids = req.fill_ids[start : start + n]
+        token_ids = _sequence_slice(req, start, n)
         completes = start + n == req.seq_len
         logits_from = n - 1 if completes else n
         if req.needs_input_logprobs:
@@ -228,7 +245,15 @@ class Scheduler:
         """Applies a pass's samples; returns the requests that finished."""
         finished = []
         for i, (req, segment, sample) in enumerate(zip(batch.reqs, batch.segments, samples)):
-            cut = self.outputs.apply(req, sample, batch.completes(i))
+            if req.is_finished:  # ended during the step (its grammar mask failed)
+                continue
+            try:
+                cut = self.outputs.apply(req, sample, batch.completes(i))
+            except Exception as exc:  # this request's fault (e.g. its grammar), not the batch's
+                logger.exception("processing request %s failed; it alone is aborted", req.rid)
+                self._fail(req, exc)
+                finished.append(req)
+                continue
             if cut is not None:
                 self.cache.truncate(req, cut)
             if req.finish_reason is not None:
@@ -239,3 +264,10 @@ class Scheduler:
                 # the rest of a chunked prompt) reuse them.
                 self.cache.cache_unfinished(req)
         return finished
+
+    def _fail(self, req: Req, exc: Exception) -> None:
+        """Ends a request whose token could not be applied: uncached, with the error."""
+        self.abort(req)
+        error = EngineError(f"engine error on this request: {type(exc).__name__}: {exc}")
+        req.finish_reason = FinishReason.abort(str(error), error)
+        self.outputs.detokenizer(req).finish(req.output_ids, None)
