@@ -125,8 +125,11 @@ class KVPool:
         # Casts only where needed: the model calls this once per layer per step.
         if slots.device != self.k.device or slots.dtype != torch.int64:
             slots = slots.to(device=self.k.device, dtype=torch.int64)
+        # k and v may differ: the int path's v comes straight from the bf16 kernel output.
         if k.dtype != self.k.dtype:
-            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+            k = k.to(self.k.dtype)
+        if v.dtype != self.v.dtype:
+            v = v.to(self.v.dtype)
         self.k_layers[layer].index_copy_(0, slots, k)  # (N, Hkv, D)[slots] = (T, Hkv, D)
         self.v_layers[layer].index_copy_(0, slots, v)
 

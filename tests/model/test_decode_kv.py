@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_lite.backend.decode_kv import DecodeKV
+from sgl_lite.backend.decode_kv import ROUND, DecodeKV
 from sgl_lite.backend.model_runner import Segment
 from tests.model.test_decode_graphs import _prefill, _runner
 
@@ -48,7 +48,7 @@ def test_kept_copies_give_the_same_logits_as_gathering():
     base.pool.k.copy_(snapshot[0])
     base.pool.v.copy_(snapshot[1])
     kept = _decode(base, grown, 10, kept=True)
-    assert base.decode_kv._shape == (2, 256)  # copies followed the batch down to 2 rows
+    assert base.decode_kv._shape == (2, ROUND)  # copies followed the batch down to 2 rows
     for a, b in zip(gathered, kept):
         assert a.shape == b.shape
         assert (a - b).abs().max() <= 1e-5

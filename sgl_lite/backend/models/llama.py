@@ -74,16 +74,20 @@ class Attention(nn.Module):
             self.q_norm = nn.Parameter(torch.ones(self.head_dim if per_head else q_size))
             self.k_norm = nn.Parameter(torch.ones(self.head_dim if per_head else kv_size))
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata, pool: KVPool) -> torch.Tensor:
-        """x: (T, hidden) → (T, hidden)."""
+    def forward(
+        self, x: torch.Tensor, meta: AttentionMetadata, pool: KVPool, cast_back: bool = True
+    ) -> torch.Tensor:
+        """x: (T, hidden) → (T, hidden); `cast_back` as in `Linear.run`, for o_proj."""
         T, heads, qk_heads = x.shape[0], self.num_heads, self.num_heads + self.num_kv_heads
-        flat = self.qkv_proj.run(x, meta.use_int)  # (T, (H + 2 * Hkv) * D)
+        # The int path's bf16 output goes to RoPE as it is: its float32 tables promote it.
+        plain = self.qk_norm is None
+        flat = self.qkv_proj.run(x, meta.use_int, cast_back=not plain)  # (T, (H + 2Hkv) * D)
         qkv = flat.view(T, qk_heads + self.num_kv_heads, -1)  # (T, H + 2 * Hkv, D)
         # q and k heads are adjacent in the fused output: one RoPE call rotates both.
-        qk = qkv[:, :qk_heads] if self.qk_norm is None else self._normed_qk(flat)
+        qk = qkv[:, :qk_heads] if plain else self._normed_qk(flat)
         qk = self.rope(qk, meta.cos, meta.sin)  # (T, H + Hkv, D)
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]
-        return self.attend_and_project(q, k, v, meta, pool)
+        return self.attend_and_project(q, k, v, meta, pool, cast_back)
 
     def attend_and_project(
         self,
@@ -92,6 +96,7 @@ class Attention(nn.Module):
         v: torch.Tensor,
         meta: AttentionMetadata,
         pool: KVPool,
+        cast_back: bool = True,
     ) -> torch.Tensor:
         """Writes the new K/V (T, Hkv, D) to the pool, attends every group's queries (T, H, D)
         over their sequences and applies o_proj → (T, hidden)."""
@@ -102,7 +107,7 @@ class Attention(nn.Module):
             out = q.new_empty(q.shape[0], self.num_heads, self.head_dim)
             for group in meta.groups:
                 out.index_copy_(0, group.rows, self._attend(q, group, pool))
-        return self.o_proj.run(out.reshape(q.shape[0], -1), meta.use_int)
+        return self.o_proj.run(out.reshape(q.shape[0], -1), meta.use_int, cast_back)
 
     def _normed_qk(self, qkv: torch.Tensor) -> torch.Tensor:
         """q and k of the fused projection (T, (H + 2 * Hkv) * D), RMS-normed → (T, H + Hkv, D)."""
@@ -141,9 +146,14 @@ class Attention(nn.Module):
         q_batched = q_batched.view(batch, max_q, kv_heads, per_kv, dim).permute(0, 2, 3, 1, 4)
         q_batched = q_batched.reshape(batch, kv_heads, per_kv * max_q, dim)  # (B, Hkv, G*Q, D)
         k_batched, v_batched = self._keys_values(group, pool, k_new, v_new)  # (B, Hkv, K, D)
-        if self.attn_dtype is not None:  # a no-op for decode copies already kept in it
-            k_batched, v_batched = k_batched.to(self.attn_dtype), v_batched.to(self.attn_dtype)
-        out = self._core(q_batched.to(k_batched.dtype), k_batched, v_batched, group.mask)
+        # Casts only where the dtype differs: decode copies are kept in attn_dtype already, and
+        # a no-op `.to` still costs a dispatch (~60 per step).
+        attn = self.attn_dtype or k_batched.dtype
+        if k_batched.dtype is not attn:
+            k_batched, v_batched = k_batched.to(attn), v_batched.to(attn)
+        if q_batched.dtype is not attn:
+            q_batched = q_batched.to(attn)
+        out = self._core(q_batched, k_batched, v_batched, group.mask)
         out = out.view(batch, kv_heads, per_kv, max_q, dim).permute(0, 3, 1, 2, 4)
         out = out.reshape(batch * max_q, self.num_heads, dim)  # (B * Q, H, D)
         if max_q == 1:  # decodes: every padded row is a real query, already in order
@@ -198,10 +208,13 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * self.intermediate, bias=bias)
         self.down_proj = Linear(self.intermediate, config.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, use_int: bool = False) -> torch.Tensor:
-        """x: (T, hidden) → (T, hidden)."""
-        gate, up = self.gate_up_proj.run(x, use_int).split(self.intermediate, dim=-1)
-        return self.down_proj.run(F.silu(gate) * up, use_int)
+    def forward(self, x: torch.Tensor, use_int: bool = False, cast_back: bool = True):
+        """x: (T, hidden) → (T, hidden); `cast_back` as in `Linear.run`, for down_proj."""
+        fused = self.gate_up_proj.run(x, use_int, cast_back=False)
+        gate, up = fused.split(self.intermediate, dim=-1)
+        # silu in the activation dtype; the product promotes `up` (the same bits as a cast).
+        act = F.silu(gate if gate.dtype == x.dtype else gate.to(x.dtype)) * up
+        return self.down_proj.run(act, use_int, cast_back)
 
 
 class DecoderLayer(nn.Module):
@@ -220,9 +233,11 @@ class DecoderLayer(nn.Module):
     def forward(self, x, meta, pool):
         """x: (T, hidden) → (T, hidden); this layer's K/V go to the pool."""
         h = F.rms_norm(x, x.shape[-1:], self.input_layernorm, self.eps)
-        x = x + self.self_attn.forward(h, meta, pool)  # .forward: no hook machinery per call
+        # .forward: no hook machinery per call. The sublayers' int-path outputs stay bf16: the
+        # residual add widens them (cast_back=False saves a cast per sublayer).
+        x = x + self.self_attn.forward(h, meta, pool, cast_back=False)
         h = F.rms_norm(x, x.shape[-1:], self.post_attention_layernorm, self.eps)
-        return x + self.mlp.forward(h, meta.use_int)
+        return x + self.mlp.forward(h, meta.use_int, cast_back=False)
 
 
 class ScaledResidualLayer(DecoderLayer):
