@@ -93,8 +93,11 @@ class GemmaAttention(Attention):
             self.q_norm = nn.Parameter(torch.zeros(self.head_dim))
             self.k_norm = nn.Parameter(torch.zeros(self.head_dim))
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata, pool: KVPool) -> torch.Tensor:
-        """x: (T, hidden) → (T, hidden); `meta` carries this layer's RoPE tables and masks."""
+    def forward(
+        self, x: torch.Tensor, meta: AttentionMetadata, pool: KVPool, cast_back: bool = True
+    ) -> torch.Tensor:
+        """x: (T, hidden) → (T, hidden); `meta` carries this layer's RoPE tables and masks,
+        `cast_back` as in `Linear.run`, for o_proj."""
         T, heads, qk_heads = x.shape[0], self.num_heads, self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj.run(x, meta.use_int).view(T, qk_heads + self.num_kv_heads, -1)
         qk = qkv[:, :qk_heads]  # (T, H + Hkv, D)
@@ -108,7 +111,7 @@ class GemmaAttention(Attention):
             )
         qk = apply_rope(qk, meta.cos, meta.sin)
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]
-        return self.attend_and_project(q, k, v, meta, pool)
+        return self.attend_and_project(q, k, v, meta, pool, cast_back)
 
     def _core(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
@@ -136,9 +139,12 @@ class GemmaMLP(MLP):
         name = getattr(config, "hidden_activation", None) or config.hidden_act
         self.act = ACT2FN[name]
 
-    def forward(self, x: torch.Tensor, use_int: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, use_int: bool = False, cast_back: bool = True
+    ) -> torch.Tensor:
+        """x: (T, hidden) → (T, hidden); `cast_back` as in `Linear.run`, for down_proj."""
         gate, up = self.gate_up_proj.run(x, use_int).split(self.intermediate, dim=-1)
-        return self.down_proj.run(self.act(gate) * up, use_int)
+        return self.down_proj.run(self.act(gate) * up, use_int, cast_back)
 
 
 class GemmaDecoderLayer(nn.Module):
