@@ -1,0 +1,213 @@
+"""The budget guarantee on the grammar backends (llguidance, xgrammar): a deterministic closer.
+
+Neither backend can list its states, so there is no distance table as on the automaton
+(budget.py). What both can do cheaply is copy a matcher (~1-2 µs) and try a token on the copy
+(<1 µs). The closer walks a copy, token by token, to an accepting state by a fixed policy:
+
+1. a token the grammar forces (the backend's own fast-forward, first token only);
+2. else `}` or `]` where it closes an object or array: allowed, and not followed by an allowed
+   `"` (inside a string, where `}` is only text, `"` may follow it);
+3. else the first of a ranked list the grammar allows: `"` (ends a string), `,` (starts the
+   next required item), then `0`..`9` (the smallest number, or one character of a string that
+   still needs `minLength`);
+4. else the allowed text token with the lowest id (SmolLM2: single bytes come first).
+
+The policy reads nothing but the matcher state, so it is deterministic and memoryless: once the
+closer from state s takes its first token c, the closer from s + c is the rest of the same
+path. Its length L(s) bounds the shortest completion from above, and the budget rule built on
+it (`ClosingBudget`) keeps L(state) <= tokens left at every step by induction: a sampled token t
+is kept when L(s + t) <= left - 1, else replaced by c, whose L is L(s) - 1. A walk that does not
+reach an accepting state within `cap` tokens (a pattern the policy loops in) gives None: the
+request then loses the guarantee and a cut output is flagged, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
+
+import torch
+
+from sgl_lite.backend.constrained.grammar_mask import unpack_bitmask
+from sgl_lite.backend.constrained.vocab import TokenVocabulary
+
+CLOSER_CAP = 256  # the longest completion the closer looks for (tokens)
+_CLOSING = (b"}", b"]")
+_RANKED = (b'"', b",", *(str(d).encode() for d in range(10)))
+
+
+class ClosingMatcher(Protocol):
+    """A private copy of a backend matcher that the closer may move forward freely."""
+
+    def accepting(self) -> bool:
+        """Whether the text so far is complete (the closer stops here)."""
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces from here, possibly none."""
+
+    def try_consume(self, token_id: int) -> bool:
+        """Consumes `token_id` when the grammar allows it (else leaves the state as it was)."""
+
+    def lowest_allowed(self) -> int | None:
+        """The allowed text token (eos excluded) with the lowest id, None if there is none."""
+
+    def allows(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order from here, the grammar allows (the state stays)."""
+
+
+class Ranked(NamedTuple):
+    """The closer's token ids: `quote` (`"`, -1 if absent), `closing` (`}`, `]`) and `ranked`
+    (`"`, `,`, digits), those the vocabulary has as single-character tokens."""
+
+    quote: int
+    closing: list[int]
+    ranked: list[int]
+
+
+def ranked_tokens(vocab: TokenVocabulary) -> Ranked:
+    """The closer's token ids in `vocab`, in policy order."""
+    where = {b: i for i, b in enumerate(vocab.token_bytes) if b is not None and len(b) == 1}
+    return Ranked(
+        where.get(b'"', -1),
+        [where[b] for b in _CLOSING if b in where],
+        [where[b] for b in _RANKED if b in where],
+    )
+
+
+def closing_path(matcher: ClosingMatcher, ranked: Ranked, cap: int) -> list[int] | None:
+    """The closer's tokens from `matcher`'s state to an accepting state (moving `matcher`
+    there), or None when it takes more than `cap` tokens or gets stuck."""
+    path: list[int] = []
+    while not matcher.accepting():
+        if len(path) >= cap:
+            return None
+        forced = matcher.forced()
+        token = forced[0] if forced and matcher.try_consume(forced[0]) else None
+        if token is None:
+            token = next((t for t in ranked.closing if _closes(matcher, t, ranked.quote)), None)
+        if token is None:
+            token = next((t for t in ranked.ranked if matcher.try_consume(t)), None)
+        if token is None:
+            token = matcher.lowest_allowed()
+            if token is None or not matcher.try_consume(token):
+                return None
+        path.append(token)
+    return path
+
+
+def _closes(matcher: ClosingMatcher, token_id: int, quote: int) -> bool:
+    """Consumes `token_id` if it is allowed and no `"` may follow it (it closes a structure)."""
+    if quote < 0:
+        return matcher.try_consume(token_id)
+    return matcher.allows([token_id, quote]) == 1 and matcher.try_consume(token_id)
+
+
+class ClosingBudget:
+    """The budget rule for one request over a grammar backend: L(state) from the closer,
+    memoized for the current state, and the token substitutions that keep it within budget.
+
+    `fork()` gives a ClosingMatcher copy of the request's live matcher; the live matcher is
+    never moved here, so a mask computed on another thread cannot race with a check.
+    """
+
+    def __init__(
+        self,
+        fork: Callable[[], ClosingMatcher],
+        ranked: Ranked,
+        eos_token_id: int,
+        initial_path: list[int] | None,
+        cap: int = CLOSER_CAP,
+    ) -> None:
+        self._fork = fork
+        self._ranked = ranked
+        self._eos = eos_token_id
+        self.cap = cap
+        # the closer path from the state after `_at` tokens; None: unknown or no closer found
+        self._at = 0
+        self._path: list[int] | None = None if initial_path is None else list(initial_path)
+        self._known = initial_path is not None
+        self._pending: tuple[int, list[int], list[int]] | None = None  # checked, not advanced
+        self.guarded = True  # L(state) <= tokens left holds (False: fall back to flagging)
+        self.checks = 0  # closer walks made after the initial one (for probes)
+
+    def path_here(self, at: int, left: int) -> list[int] | None:
+        """The closer path from the current state (after `at` tokens), walked if not known."""
+        if self._at != at or not self._known:
+            self.checks += 1
+            self._at, self._path, self._known = at, self._walk([], min(self.cap, left)), True
+        return self._path
+
+    def substitute(self, at: int, left: int, token_id: int) -> int:
+        """The token to emit for sampled `token_id` with `left` tokens left (this one included):
+        `token_id` when the closer still fits after it, else the closer's first token (eos
+        where the output is already complete). Returns `token_id` unchanged when the budget is
+        loose or the guarantee is already lost."""
+        # NOTE: with left - 1 >= cap the check can decide nothing: a token whose closer fits
+        # the cap fits the budget too, and one whose closer does not could not be judged. So
+        # this gate skips only checks that could not change the token (sound); the brief's
+        # "left <= 2 L + 16" would be cheaper but one token can open a whole required object.
+        if not self.guarded or left - 1 >= self.cap or token_id == self._eos:
+            return token_id
+        here = self.path_here(at, left)
+        if here is None or len(here) > left:
+            self.guarded = False  # a state no closer fits (or none found): report, do not steer
+            return token_id
+        if here and here[0] == token_id:
+            return token_id  # the closer's own step: the rest of the path is the new L
+        matcher = self._fork()
+        if not matcher.try_consume(token_id):
+            return token_id  # not allowed at all: advance() raises with the backend's reason
+        after = closing_path(matcher, self._ranked, left - 1)
+        if after is not None:
+            self._pending = (at, [token_id], after)
+            return token_id
+        return here[0] if here else self._eos
+
+    def fits_forced(self, at: int, left: int, forced: list[int]) -> bool:
+        """Whether advancing over `forced` (jump-forward) keeps the closer within budget."""
+        if not forced or not self.guarded or left - len(forced) >= self.cap:
+            return True
+        here = self.path_here(at, left)
+        if here is None:
+            return True  # no guarantee to keep
+        if here[: len(forced)] == forced:
+            return len(here) <= left  # the closer's own tokens: the rest of the same path
+        after = self._walk(forced, left - len(forced))
+        if after is None:
+            return False
+        self._pending = (at, list(forced), after)
+        return True
+
+    def advanced(self, at: int, token_id: int) -> None:
+        """Notes that the guide moved from `at` to `at + 1` tokens over `token_id`."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == at and pending[1][0] == token_id:
+            rest = pending[1][1:]
+            if rest:
+                self._pending = (at + 1, rest, pending[2])
+            else:
+                self._at, self._path, self._known = at + 1, pending[2], True
+            return
+        if self._at == at and self._known and self._path and self._path[0] == token_id:
+            self._at, self._path = at + 1, self._path[1:]  # memoryless: the same path goes on
+        else:
+            self._known = False
+
+    def rolled_back(self) -> None:
+        """Forgets what was memoized (a rollback moved the guide)."""
+        self._known, self._pending = False, None
+
+    def _walk(self, prefix: list[int], cap: int) -> list[int] | None:
+        matcher = self._fork()
+        for token_id in prefix:
+            if not matcher.try_consume(token_id):
+                return None
+        return closing_path(matcher, self._ranked, cap)
+
+
+def lowest_allowed(words: torch.Tensor, text_mask: torch.Tensor, eos_token_id: int) -> int | None:
+    """The lowest-id text token (eos excluded) set in a backend's (W,) int32 bitmask."""
+    allowed = unpack_bitmask(words, text_mask.shape[0]) & text_mask
+    allowed[eos_token_id] = False
+    hit = allowed.nonzero()
+    return int(hit[0, 0]) if hit.numel() else None
