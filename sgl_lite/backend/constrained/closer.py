@@ -4,12 +4,14 @@ Neither backend can list its states, so there is no distance table as on the aut
 (budget.py). What both can do cheaply is copy a matcher (~1-2 µs) and try a token on the copy
 (<1 µs). The closer walks a copy, token by token, to an accepting state by a fixed policy:
 
-1. a token the grammar forces (the backend's own fast-forward, first token only);
-2. else `}` or `]` where it closes an object or array: allowed, and not followed by an allowed
-   `"` (inside a string, where `}` is only text, `"` may follow it);
-3. else the first of a ranked list the grammar allows: `"` (ends a string), `,` (starts the
-   next required item), then `0`..`9` (the smallest number, or one character of a string that
-   still needs `minLength`);
+1. with F the bytes the grammar forces from here (the backend's fast-forward, possibly none)
+   and P a prefix of F (longest first), the first allowed token spelled P + `"}`, P + `"]`,
+   P + `}` or P + `]` that closes a structure: no `"` may follow it (inside a string, where
+   `}` is only text, `"` may);
+2. else the first allowed token spelled P + `""`, `"`, `,`, `0`..`9`: an empty string, the
+   end of a string, the next required item, the smallest number or one character of a string
+   that still needs `minLength` (so ` "` is one token where the forced ` ` and `"` are two);
+3. else the longest token spelling a prefix of F, else the backend's first forced token;
 4. else the allowed text token with the lowest id (SmolLM2: single bytes come first).
 
 The policy reads nothing but the matcher state, so it is deterministic and memoryless: once the
@@ -32,8 +34,9 @@ from sgl_lite.backend.constrained.grammar_mask import unpack_bitmask
 from sgl_lite.backend.constrained.vocab import TokenVocabulary
 
 CLOSER_CAP = 256  # the longest completion the closer looks for (tokens)
-_CLOSING = (b"}", b"]")
-_RANKED = (b'"', b",", *(str(d).encode() for d in range(10)))
+_MAX_PREFIX = 24  # forced bytes read per step (longer tokens are rare; lookups stay cheap)
+_CLOSING = (b'"}', b'"]', b"}", b"]")
+_RANKED = (b'""', b'"', b",", *(str(d).encode() for d in range(10)))
 
 
 class ClosingMatcher(Protocol):
@@ -44,6 +47,9 @@ class ClosingMatcher(Protocol):
 
     def forced(self) -> list[int]:
         """The tokens the grammar forces from here, possibly none."""
+
+    def forced_bytes(self) -> bytes:
+        """The bytes the grammar forces from here, possibly none."""
 
     def try_consume(self, token_id: int) -> bool:
         """Consumes `token_id` when the grammar allows it (else leaves the state as it was)."""
@@ -56,22 +62,21 @@ class ClosingMatcher(Protocol):
 
 
 class Ranked(NamedTuple):
-    """The closer's token ids: `quote` (`"`, -1 if absent), `closing` (`}`, `]`) and `ranked`
-    (`"`, `,`, digits), those the vocabulary has as single-character tokens."""
+    """The vocabulary as the closer reads it: `quote` (the id of `"`, -1 if absent), the
+    text tokens' bytes and their ids by bytes."""
 
     quote: int
-    closing: list[int]
-    ranked: list[int]
+    token_bytes: tuple[bytes | None, ...]
+    by_bytes: dict[bytes, int]
 
 
 def ranked_tokens(vocab: TokenVocabulary) -> Ranked:
-    """The closer's token ids in `vocab`, in policy order."""
-    where = {b: i for i, b in enumerate(vocab.token_bytes) if b is not None and len(b) == 1}
-    return Ranked(
-        where.get(b'"', -1),
-        [where[b] for b in _CLOSING if b in where],
-        [where[b] for b in _RANKED if b in where],
-    )
+    """The closer's view of `vocab` (text tokens only: special ones have no bytes)."""
+    by_bytes: dict[bytes, int] = {}
+    for i, b in enumerate(vocab.token_bytes):
+        if b is not None:
+            by_bytes.setdefault(b, i)
+    return Ranked(by_bytes.get(b'"', -1), tuple(vocab.token_bytes), by_bytes)
 
 
 def closing_path(matcher: ClosingMatcher, ranked: Ranked, cap: int) -> list[int] | None:
@@ -81,18 +86,42 @@ def closing_path(matcher: ClosingMatcher, ranked: Ranked, cap: int) -> list[int]
     while not matcher.accepting():
         if len(path) >= cap:
             return None
-        forced = matcher.forced()
-        token = forced[0] if forced and matcher.try_consume(forced[0]) else None
+        token = _step(matcher, ranked, matcher.forced_bytes()[:_MAX_PREFIX])
         if token is None:
-            token = next((t for t in ranked.closing if _closes(matcher, t, ranked.quote)), None)
-        if token is None:
-            token = next((t for t in ranked.ranked if matcher.try_consume(t)), None)
+            forced = matcher.forced()
+            token = forced[0] if forced and matcher.try_consume(forced[0]) else None
         if token is None:
             token = matcher.lowest_allowed()
             if token is None or not matcher.try_consume(token):
                 return None
         path.append(token)
     return path
+
+
+def _step(matcher: ClosingMatcher, ranked: Ranked, forced: bytes) -> int | None:
+    """Rules 1 to 3 of the policy over the forced bytes: the token taken (consumed), or None."""
+    prefixes = [forced[:k] for k in range(len(forced), -1, -1)]
+    # NOTE: a spelling that is only forced text is rule 3's (its longest token), not a choice
+    for tail in _CLOSING:
+        for prefix in prefixes:
+            token = _choice(ranked, forced, prefix + tail)
+            if token is not None and _closes(matcher, token, ranked.quote):
+                return token
+    for tail in _RANKED:
+        for prefix in prefixes:
+            token = _choice(ranked, forced, prefix + tail)
+            if token is not None and matcher.try_consume(token):
+                return token
+    for prefix in prefixes[:-1]:
+        token = ranked.by_bytes.get(prefix)
+        if token is not None and matcher.try_consume(token):
+            return token
+    return None
+
+
+def _choice(ranked: Ranked, forced: bytes, spelling: bytes) -> int | None:
+    """The token spelled `spelling`, unless there is none or it is only forced text."""
+    return None if forced.startswith(spelling) else ranked.by_bytes.get(spelling)
 
 
 def _closes(matcher: ClosingMatcher, token_id: int, quote: int) -> bool:

@@ -57,7 +57,7 @@ class BackendGuide(ABC):
         self.closer: ClosingBudget | None = None
         if max_new_tokens is not None:
             self.closer = ClosingBudget(
-                self._closing_copy, ranked or Ranked(-1, [], []), eos_token_id, initial_path
+                self._closing_copy, ranked or Ranked(-1, (), {}), eos_token_id, initial_path
             )
             self.closer.guarded = initial_path is not None
         self._advanced = 0

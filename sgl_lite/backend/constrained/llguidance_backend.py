@@ -214,6 +214,10 @@ class _LLCopy:
         """llguidance's fast-forward tokens from here."""
         return list(self._m.compute_ff_tokens())
 
+    def forced_bytes(self) -> bytes:
+        """The bytes llguidance forces from here."""
+        return bytes(self._m.compute_ff_bytes())
+
     def try_consume(self, token_id: int) -> bool:
         """Consumes `token_id` if allowed (a refused token leaves the state as it was)."""
         return bool(self._grammar.text_mask[token_id]) and (

@@ -262,6 +262,10 @@ class _XGCopy:
         """xgrammar's jump-forward tokens from here (text tokens only)."""
         return text_prefix(self._m.find_jump_forward_tokens(), self._grammar)
 
+    def forced_bytes(self) -> bytes:
+        """The text xgrammar forces from here, as bytes."""
+        return self._m.find_jump_forward_string().encode("utf-8")
+
     def try_consume(self, token_id: int) -> bool:
         """Consumes `token_id` if allowed (a refused token leaves the state as it was)."""
         return bool(self._grammar.text_mask[token_id]) and bool(self._m.accept_token(token_id))
