@@ -168,3 +168,25 @@ def test_a_grammar_the_closer_cannot_finish_falls_back_to_flagging(backend: str)
     meta = guide.meta_info("ab")
     assert meta["budget_cut"] is True and "cut after 2 tokens" in meta["constraint_violation"]
     assert meta["budget_closed"] is False
+
+
+@pytest.mark.parametrize("backend", GRAMMAR_BACKENDS)
+def test_a_witness_is_kept_only_while_it_still_completes_the_output(backend: str) -> None:
+    grammar = compiler(backend).compile("json_schema", SCHEMAS["ticket"])
+    guide = grammar.new_guide(max_new_tokens=grammar.min_tokens + 20)
+    for token in smollm2_tokenizer().encode('{"title": "ab', add_special_tokens=False):
+        guide.advance(token)
+    here = closing_path(guide._closing_copy(), grammar.ranked, 256)
+    assert here is not None and guide._closing_copy().completes(here)
+    assert not guide._closing_copy().completes(here[:-1])  # allowed, but not complete
+    backslash = smollm2_tokenizer().convert_tokens_to_ids("\\")
+    assert not guide._closing_copy().completes([backslash, *here])  # `"` is now escaped text
+    # inside the free string, text keeps the witness: no new walk, and no substitution
+    text = smollm2_tokenizer().convert_tokens_to_ids("c")
+    assert guide.budget_substitute(text) == text  # walks once: the witness here
+    guide.advance(text)
+    walks = guide.closer.walks
+    for _ in range(3):
+        assert guide.budget_substitute(text) == text
+        guide.advance(text)
+    assert guide.closer.walks == walks and not guide.budget_closed

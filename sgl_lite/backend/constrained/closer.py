@@ -5,7 +5,7 @@ Neither backend can list its states, so there is no distance table as on the aut
 (<1 µs). The closer walks a copy, token by token, to an accepting state by a fixed policy:
 
 1. with F the bytes the grammar forces from here (the backend's fast-forward, possibly none)
-   and P a prefix of F (longest first), the first allowed token spelled P + `"}`, P + `"]`,
+   and P its first byte, then nothing, the first allowed token spelled P + `"}`, P + `"]`,
    P + `}` or P + `]` that closes a structure: no `"` may follow it (inside a string, where
    `}` is only text, `"` may);
 2. else the first allowed token spelled P + `""`, `"`, `,`, `0`..`9`: an empty string, the
@@ -16,11 +16,12 @@ Neither backend can list its states, so there is no distance table as on the aut
 
 The policy reads nothing but the matcher state, so it is deterministic and memoryless: once the
 closer from state s takes its first token c, the closer from s + c is the rest of the same
-path. Its length L(s) bounds the shortest completion from above, and the budget rule built on
-it (`ClosingBudget`) keeps L(state) <= tokens left at every step by induction: a sampled token t
-is kept when L(s + t) <= left - 1, else replaced by c, whose L is L(s) - 1. A walk that does not
-reach an accepting state within `cap` tokens (a pattern the policy loops in) gives None: the
-request then loses the guarantee and a cut output is flagged, as before.
+path. Its length L(s) bounds the shortest completion from above (W3's schema: 18 tokens where
+the automaton's exact distance is 16). The budget rule (`ClosingBudget`) keeps a completion
+path that fits the tokens left at every step, by induction: a sampled token is kept when one
+still fits after it, else replaced by the path's first token. A walk that does not reach an
+accepting state within `cap` tokens (a pattern the policy loops in) gives None: the request
+then loses the guarantee and a cut output is flagged, as before.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class ClosingMatcher(Protocol):
 
     def allows(self, tokens: list[int]) -> int:
         """How many of `tokens`, in order from here, the grammar allows (the state stays)."""
+
+    def completes(self, tokens: list[int]) -> bool:
+        """Whether `tokens` from here are allowed and end complete (the state stays)."""
 
 
 class Ranked(NamedTuple):
@@ -100,7 +104,7 @@ def closing_path(matcher: ClosingMatcher, ranked: Ranked, cap: int) -> list[int]
 
 def _step(matcher: ClosingMatcher, ranked: Ranked, forced: bytes) -> int | None:
     """Rules 1 to 3 of the policy over the forced bytes: the token taken (consumed), or None."""
-    prefixes = [forced[:k] for k in range(len(forced), -1, -1)]
+    prefixes = [forced[:1], b""] if forced else [b""]
     # NOTE: a spelling that is only forced text is rule 3's (its longest token), not a choice
     for tail in _CLOSING:
         for prefix in prefixes:
@@ -112,8 +116,8 @@ def _step(matcher: ClosingMatcher, ranked: Ranked, forced: bytes) -> int | None:
             token = _choice(ranked, forced, prefix + tail)
             if token is not None and matcher.try_consume(token):
                 return token
-    for prefix in prefixes[:-1]:
-        token = ranked.by_bytes.get(prefix)
+    for k in range(len(forced), 0, -1):
+        token = ranked.by_bytes.get(forced[:k])
         if token is not None and matcher.try_consume(token):
             return token
     return None
@@ -132,8 +136,16 @@ def _closes(matcher: ClosingMatcher, token_id: int, quote: int) -> bool:
 
 
 class ClosingBudget:
-    """The budget rule for one request over a grammar backend: L(state) from the closer,
-    memoized for the current state, and the token substitutions that keep it within budget.
+    """The budget rule for one request over a grammar backend.
+
+    It keeps a witness W: a token path from the current state to an accepting state with
+    |W| <= tokens left (the closer's path at the start, refused up front where it does not
+    fit). A sampled token t is kept when some witness fits after it: W itself when it is
+    still a valid completion after t and |W| <= left - 1 (text inside a free string leaves the
+    rest of the output as it was), else the closer's path from the state after t. Otherwise t
+    is replaced by W's first token, after which W minus that token is a witness. So the
+    invariant holds at every step and the output is complete when the budget runs out. A walk
+    happens only where a token changes what must follow (a string closed, an item opened).
 
     `fork()` gives a ClosingMatcher copy of the request's live matcher; the live matcher is
     never moved here, so a mask computed on another thread cannot race with a check.
@@ -151,30 +163,30 @@ class ClosingBudget:
         self._ranked = ranked
         self._eos = eos_token_id
         self.cap = cap
-        # the closer path from the state after `_at` tokens; None: unknown or no closer found
+        # the witness from the state after `_at` tokens; None: none found
         self._at = 0
         self._path: list[int] | None = None if initial_path is None else list(initial_path)
         self._known = initial_path is not None
         self._pending: tuple[int, list[int], list[int]] | None = None  # checked, not advanced
-        self.guarded = True  # L(state) <= tokens left holds (False: fall back to flagging)
-        self.checks = 0  # closer walks made after the initial one (for probes)
+        self.guarded = True  # a witness fits the tokens left (False: fall back to flagging)
+        self.walks = 0  # closer walks after the initial one (for probes)
 
     def path_here(self, at: int, left: int) -> list[int] | None:
-        """The closer path from the current state (after `at` tokens), walked if not known."""
+        """The witness from the current state (after `at` tokens), walked if not known."""
         if self._at != at or not self._known:
-            self.checks += 1
             self._at, self._path, self._known = at, self._walk([], min(self.cap, left)), True
         return self._path
 
     def substitute(self, at: int, left: int, token_id: int) -> int:
         """The token to emit for sampled `token_id` with `left` tokens left (this one included):
-        `token_id` when the closer still fits after it, else the closer's first token (eos
-        where the output is already complete). Returns `token_id` unchanged when the budget is
-        loose or the guarantee is already lost."""
+        `token_id` when a witness fits after it, else the witness's first token (eos where the
+        output is already complete). `token_id` unchanged when the budget is loose or the
+        guarantee is already lost."""
         # NOTE: with left - 1 >= cap the check can decide nothing: a token whose closer fits
         # the cap fits the budget too, and one whose closer does not could not be judged. So
         # this gate skips only checks that could not change the token (sound); the brief's
-        # "left <= 2 L + 16" would be cheaper but one token can open a whole required object.
+        # "left <= 2 L + 16" would skip more, but one token can open a whole required object.
+        # Below the cap a check is cheap where it matters most (a free string: W still fits).
         if not self.guarded or left - 1 >= self.cap or token_id == self._eos:
             return token_id
         here = self.path_here(at, left)
@@ -182,26 +194,23 @@ class ClosingBudget:
             self.guarded = False  # a state no closer fits (or none found): report, do not steer
             return token_id
         if here and here[0] == token_id:
-            return token_id  # the closer's own step: the rest of the path is the new L
-        matcher = self._fork()
-        if not matcher.try_consume(token_id):
-            return token_id  # not allowed at all: advance() raises with the backend's reason
-        after = closing_path(matcher, self._ranked, left - 1)
+            return token_id  # the witness's own step: the rest of it is the next witness
+        after = self._fitting([token_id], here, left - 1)
         if after is not None:
             self._pending = (at, [token_id], after)
             return token_id
         return here[0] if here else self._eos
 
     def fits_forced(self, at: int, left: int, forced: list[int]) -> bool:
-        """Whether advancing over `forced` (jump-forward) keeps the closer within budget."""
+        """Whether advancing over `forced` (jump-forward) leaves a witness within budget."""
         if not forced or not self.guarded or left - len(forced) >= self.cap:
             return True
         here = self.path_here(at, left)
         if here is None:
             return True  # no guarantee to keep
         if here[: len(forced)] == forced:
-            return len(here) <= left  # the closer's own tokens: the rest of the same path
-        after = self._walk(forced, left - len(forced))
+            return len(here) <= left  # the witness's own tokens: the rest of it goes on
+        after = self._fitting(forced, here, left - len(forced))
         if after is None:
             return False
         self._pending = (at, list(forced), after)
@@ -218,15 +227,23 @@ class ClosingBudget:
                 self._at, self._path, self._known = at + 1, pending[2], True
             return
         if self._at == at and self._known and self._path and self._path[0] == token_id:
-            self._at, self._path = at + 1, self._path[1:]  # memoryless: the same path goes on
+            self._at, self._path = at + 1, self._path[1:]  # the rest of a path is a path
         else:
             self._known = False
 
     def rolled_back(self) -> None:
-        """Forgets what was memoized (a rollback moved the guide)."""
+        """Forgets the witness (a rollback moved the guide)."""
         self._known, self._pending = False, None
 
+    def _fitting(self, prefix: list[int], here: list[int], cap: int) -> list[int] | None:
+        """A witness of at most `cap` tokens after `prefix`: `here` when it still completes
+        the output, else the closer's path; None when neither fits (or `prefix` is refused)."""
+        if len(here) <= cap and self._fork().completes(prefix + here):
+            return here
+        return self._walk(prefix, cap)
+
     def _walk(self, prefix: list[int], cap: int) -> list[int] | None:
+        self.walks += 1
         matcher = self._fork()
         for token_id in prefix:
             if not matcher.try_consume(token_id):

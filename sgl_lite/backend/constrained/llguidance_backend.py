@@ -141,6 +141,7 @@ class LLGrammar:
         if self._proto.is_error():
             raise GrammarError(f"llguidance cannot build the grammar: {self._proto.get_error()}")
         self.ranked = ranked_tokens(vocab)
+        self.is_text: list[bool] = self.text_mask.tolist()  # the closer's per-token test
         # the closer from the start state: what a budget must at least allow (None: none found)
         self.initial_path = closing_path(_LLCopy(self._proto, self), self.ranked, CLOSER_CAP)
 
@@ -220,9 +221,7 @@ class _LLCopy:
 
     def try_consume(self, token_id: int) -> bool:
         """Consumes `token_id` if allowed (a refused token leaves the state as it was)."""
-        return bool(self._grammar.text_mask[token_id]) and (
-            self._m.try_consume_tokens([token_id]) == 1
-        )
+        return self._grammar.is_text[token_id] and (self._m.try_consume_tokens([token_id]) == 1)
 
     def lowest_allowed(self) -> int | None:
         """The lowest-id allowed text token, from llguidance's bitmask."""
@@ -232,3 +231,9 @@ class _LLCopy:
     def allows(self, tokens: list[int]) -> int:
         """How many of `tokens` llguidance would take from here (the state stays)."""
         return int(self._m.validate_tokens(tokens))
+
+    def completes(self, tokens: list[int]) -> bool:
+        """Whether llguidance takes `tokens` and then eos (allowed only where complete)."""
+        if not all(self._grammar.is_text[t] for t in tokens):
+            return False
+        return self._m.validate_tokens([*tokens, self._grammar.eos_token_id]) == len(tokens) + 1

@@ -179,6 +179,7 @@ class XGGrammar:
         except Exception as exc:
             raise GrammarError(f"xgrammar cannot compile the grammar: {_short(exc)}") from None
         self.ranked = ranked_tokens(vocab)
+        self.is_text: list[bool] = self.text_mask.tolist()  # the closer's per-token test
         start = xgr.GrammarMatcher(self.compiled, max_rollback_tokens=-1)
         # the closer from the start state: what a budget must at least allow (None: none found)
         self.initial_path = closing_path(_XGCopy(start, self), self.ranked, CLOSER_CAP)
@@ -268,7 +269,7 @@ class _XGCopy:
 
     def try_consume(self, token_id: int) -> bool:
         """Consumes `token_id` if allowed (a refused token leaves the state as it was)."""
-        return bool(self._grammar.text_mask[token_id]) and bool(self._m.accept_token(token_id))
+        return self._grammar.is_text[token_id] and bool(self._m.accept_token(token_id))
 
     def lowest_allowed(self) -> int | None:
         """The lowest-id allowed text token, from xgrammar's bitmask."""
@@ -288,3 +289,15 @@ class _XGCopy:
         if n:
             self._m.rollback(n)
         return n
+
+    def completes(self, tokens: list[int]) -> bool:
+        """Whether xgrammar takes `tokens` and is then complete (accepted, rolled back)."""
+        n = 0
+        for token_id in tokens:
+            if not self.try_consume(token_id):
+                break
+            n += 1
+        done = n == len(tokens) and bool(self._m.is_completed())
+        if n:
+            self._m.rollback(n)
+        return done
