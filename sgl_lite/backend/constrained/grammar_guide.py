@@ -21,6 +21,7 @@ import torch
 
 from sgl_lite.backend.constrained.closer import ClosingBudget, ClosingMatcher, Ranked
 from sgl_lite.backend.constrained.fidelity import COUNTERS, check_output
+from sgl_lite.backend.constrained.guide import BudgetError
 
 
 class BackendGuide(ABC):
@@ -40,8 +41,6 @@ class BackendGuide(ABC):
         initial_path: list[int] | None = None,
         ranked: Ranked | None = None,
     ) -> None:
-        from sgl_lite.backend.constrained.guide import BudgetError
-
         need = None if initial_path is None else len(initial_path)
         if max_new_tokens is not None and need is not None and need > max_new_tokens:
             COUNTERS.add("budget_refused")
