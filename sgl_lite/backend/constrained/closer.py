@@ -147,19 +147,22 @@ class ClosingBudget:
     invariant holds at every step and the output is complete when the budget runs out. A walk
     happens only where a token changes what must follow (a string closed, an item opened).
 
-    `fork()` gives a ClosingMatcher copy of the request's live matcher; the live matcher is
-    never moved here, so a mask computed on another thread cannot race with a check.
+    `fork()` gives a ClosingMatcher copy of the request's live matcher and `completes(tokens)`
+    says whether tokens from the live state end complete, leaving it as it was; the live
+    matcher is never moved here, so a mask computed on another thread cannot race with a check.
     """
 
     def __init__(
         self,
         fork: Callable[[], ClosingMatcher],
+        completes: Callable[[list[int]], bool],
         ranked: Ranked,
         eos_token_id: int,
         initial_path: list[int] | None,
         cap: int = CLOSER_CAP,
     ) -> None:
         self._fork = fork
+        self._completes = completes
         self._ranked = ranked
         self._eos = eos_token_id
         self.cap = cap
@@ -236,11 +239,16 @@ class ClosingBudget:
         self._known, self._pending = False, None
 
     def _fitting(self, prefix: list[int], here: list[int], cap: int) -> list[int] | None:
-        """A witness of at most `cap` tokens after `prefix`: `here` when it still completes
-        the output, else the closer's path; None when neither fits (or `prefix` is refused)."""
-        if len(here) <= cap and self._fork().completes(prefix + here):
-            return here
-        return self._walk(prefix, cap)
+        """A witness of at most `cap` tokens after `prefix`: the current one, whole (text in a
+        free string, the most common case) or with `prefix` in place of its head (another
+        digit, another spelling), where it still completes the output; else the closer's
+        path, walked only where the current witness leaves slack (with none, only a path
+        shorter than the closer's own would fit, and substituting is as correct and cheaper);
+        None when nothing fits."""
+        for witness in (here, here[len(prefix) :]):
+            if len(witness) <= cap and self._completes(prefix + witness):
+                return witness
+        return self._walk(prefix, cap) if cap >= len(here) else None
 
     def _walk(self, prefix: list[int], cap: int) -> list[int] | None:
         self.walks += 1

@@ -56,7 +56,11 @@ class BackendGuide(ABC):
         self.closer: ClosingBudget | None = None
         if max_new_tokens is not None:
             self.closer = ClosingBudget(
-                self._closing_copy, ranked or Ranked(-1, (), {}), eos_token_id, initial_path
+                self._closing_copy,
+                self._completes,
+                ranked or Ranked(-1, (), {}),
+                eos_token_id,
+                initial_path,
             )
             self.closer.guarded = initial_path is not None
         self._advanced = 0
@@ -88,6 +92,11 @@ class BackendGuide(ABC):
     @abstractmethod
     def _closing_copy(self) -> ClosingMatcher:
         """A private copy of the matcher at the current state, for the closer to walk."""
+
+    def _completes(self, tokens: list[int]) -> bool:
+        """Whether `tokens` from the current state are allowed and end complete (the state
+        stays); on a copy unless the backend can tell without moving its matcher."""
+        return self._closing_copy().completes(tokens)
 
     # -- the Guide interface ---------------------------------------------------------------
 

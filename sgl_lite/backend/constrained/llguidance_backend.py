@@ -199,6 +199,9 @@ class LLGuide(BackendGuide):
     def _closing_copy(self) -> ClosingMatcher:
         return _LLCopy(self._matcher, self.grammar)
 
+    def _completes(self, tokens: list[int]) -> bool:
+        return ll_completes(self._matcher, self.grammar, tokens)
+
 
 class _LLCopy:
     """A deep copy of an llguidance matcher for the closer (closer.ClosingMatcher)."""
@@ -221,7 +224,11 @@ class _LLCopy:
 
     def try_consume(self, token_id: int) -> bool:
         """Consumes `token_id` if allowed (a refused token leaves the state as it was)."""
-        return self._grammar.is_text[token_id] and (self._m.try_consume_tokens([token_id]) == 1)
+        # NOTE: validate, then consume: try_consume_tokens costs more deep into an output
+        m = self._m
+        return self._grammar.is_text[token_id] and (
+            m.validate_tokens([token_id]) == 1 and bool(m.consume_token(token_id))
+        )
 
     def lowest_allowed(self) -> int | None:
         """The lowest-id allowed text token, from llguidance's bitmask."""
@@ -234,6 +241,12 @@ class _LLCopy:
 
     def completes(self, tokens: list[int]) -> bool:
         """Whether llguidance takes `tokens` and then eos (allowed only where complete)."""
-        if not all(self._grammar.is_text[t] for t in tokens):
-            return False
-        return self._m.validate_tokens([*tokens, self._grammar.eos_token_id]) == len(tokens) + 1
+        return ll_completes(self._m, self._grammar, tokens)
+
+
+def ll_completes(matcher: Any, grammar: LLGrammar, tokens: list[int]) -> bool:
+    """Whether `matcher` takes the text `tokens` and then eos (allowed only where the text is
+    complete); validate_tokens only reads the matcher, so no copy is needed."""
+    if not all(grammar.is_text[t] for t in tokens):
+        return False
+    return matcher.validate_tokens([*tokens, grammar.eos_token_id]) == len(tokens) + 1

@@ -236,6 +236,11 @@ class XGGuide(BackendGuide):
     def _closing_copy(self) -> ClosingMatcher:
         return _XGCopy(self._matcher.fork(), self.grammar)
 
+    def _completes(self, tokens: list[int]) -> bool:
+        # NOTE: on the live matcher (accepted, then rolled back), from the thread that advances
+        # it: a fork costs more than the check
+        return _XGCopy(self._matcher, self.grammar).completes(tokens)
+
 
 def text_prefix(ids: list[int], grammar: XGGrammar) -> list[int]:
     """xgrammar's jump-forward tokens (its greedy tokenization of the forced text) up to the
