@@ -85,3 +85,18 @@ def test_budget_closed_greedy_output_is_the_same_with_the_prefix_cache(
     assert first["output_ids"] == again["output_ids"] == batched["output_ids"]
     assert first["meta_info"]["budget_closed"], first
     jsonschema.validate(json.loads(first["text"]), SCHEMAS["ticket"])
+
+
+def test_logprobs_record_the_tokens_the_closer_emitted(backend_engine, smollm_tokenizer):
+    backend, engine = backend_engine
+    need = _min_tokens(smollm_tokenizer, backend)["ticket"]
+    prompt = chat_prompt(smollm_tokenizer, "A support ticket about a broken login page, as JSON.")
+    params = {"temperature": 1.0, "sampling_seed": 3, "max_new_tokens": need + 2}
+    params["json_schema"] = SCHEMAS["ticket"]
+    out = engine.generate(prompt, params, return_logprob=True, top_logprobs_num=3)
+    meta = out["meta_info"]
+    assert meta["budget_closed"], meta
+    recorded = iter(out["output_ids"])
+    for logprob, token, _ in meta["output_token_logprobs"]:  # in order, forced tokens skipped
+        assert token in recorded and logprob <= 0.0, (token, logprob)
+    jsonschema.validate(json.loads(out["text"]), SCHEMAS["ticket"])
