@@ -148,8 +148,9 @@ class ClosingBudget:
     happens only where a token changes what must follow (a string closed, an item opened).
 
     `fork()` gives a ClosingMatcher copy of the request's live matcher and `completes(tokens)`
-    says whether tokens from the live state end complete, leaving it as it was; the live
-    matcher is never moved here, so a mask computed on another thread cannot race with a check.
+    says whether tokens from the live state end complete, leaving it as it was (xgrammar:
+    accepted, then rolled back). Both run on the thread that advances the guide, after the
+    step's mask was used, so a mask prefetched on another thread never overlaps a check.
     """
 
     def __init__(

@@ -4,8 +4,8 @@ budget rule, the mask memo, and the final validation with its meta flags.
 Neither backend can say how many tokens the shortest completion takes, so the budget rests on
 closer.py's deterministic closer instead of a distance table: a budget below the closer's
 length from the start is refused up front (BudgetError naming the minimum), and a sampled token
-after which the closer no longer fits the tokens left is replaced by the closer's own next
-token (`budget_substitute`, `budget_closed`), so the output is complete when the budget runs
+after which no known completion fits the tokens left is replaced by the next token of one that
+does (`budget_substitute`, `budget_closed`), so the output is complete when the budget runs
 out. Where the closer finds no completion within its cap, the guarantee is lost for that
 request: an output the budget cut is flagged (`budget_cut`) and reported as a violation, never
 passed off as valid. A complete output is still checked against the request's JSON Schema or
@@ -135,9 +135,9 @@ class BackendGuide(ABC):
 
     def budget_substitute(self, token_id: int) -> int:
         """The token to emit in place of sampled `token_id` before it is advanced over: itself,
-        unless the closer would no longer fit the tokens left after it; then the closer's next
-        token (eos where the output is already complete) and `budget_closed` is set. Call from
-        the thread that advances, after the step's mask was used."""
+        unless no known completion fits the tokens left after it; then the next token of the
+        completion kept (eos where the output is already complete) and `budget_closed` is set.
+        Call from the thread that advances, after the step's mask was used."""
         left = self.tokens_left
         if self.closer is None or left is None or left <= 0:
             return token_id
@@ -148,7 +148,7 @@ class BackendGuide(ABC):
 
     def forced_tokens(self) -> list[int]:
         """The tokens the grammar forces from here (jump-forward), possibly none; none when
-        taking them would leave the closer past the budget (sampling, under the rule, goes on)."""
+        no known completion would fit after them (sampling, under the rule, goes on)."""
         forced = self._forced()
         left = self.tokens_left
         if self.closer is None or left is None or not forced:
