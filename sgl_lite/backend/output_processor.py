@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sgl_lite.backend.constrained.grammar_guide import BackendGuide
 from sgl_lite.backend.detokenizer import IncrementalDetokenizer
+from sgl_lite.backend.logprobs import TokenLogprobs
 from sgl_lite.backend.outputs import FinishReason
 from sgl_lite.backend.request import Req
 from sgl_lite.backend.sampler import Sample
@@ -53,12 +55,20 @@ class OutputProcessor:
         params = req.sampling_params
         if req.first_token_at is None:
             req.first_token_at = time.perf_counter()
+        eos = token in self.eos_token_ids and not params.ignore_eos
+        stops = eos or token in params.stop_token_ids
+        sampled = token
+        if not stops and isinstance(req.guide, BackendGuide):
+            # a grammar backend keeps the output closable within max_new_tokens by replacing a
+            # token its closer would not fit after (constrained/closer.py); eos = it is complete
+            token = req.guide.budget_substitute(token)
+            stops = token == req.guide.eos_token_id
         req.output_ids.append(token)
         if req.logprobs is not None and sample.logprobs is not None:
-            req.logprobs.add_output(token, sample.logprobs, sample.row, self.token_text)
+            self._add_logprob(req, token, sampled, sample)
         cut: int | None = None
         reason: FinishReason | None = None
-        if token in self.eos_token_ids and not params.ignore_eos or token in params.stop_token_ids:
+        if stops:
             reason = FinishReason.stop(token)
         elif req.guide is not None:
             req.guide.advance(token)
@@ -81,6 +91,22 @@ class OutputProcessor:
             req.finish_reason = reason
             detok.finish(req.output_ids, match)
         return cut
+
+    def _add_logprob(self, req: Req, token: int, sampled: int, sample: Sample) -> None:
+        """Records the emitted token's logprob. NOTE: a token the budget substituted was not
+        sampled, and the sampler kept only the sampled token's logprob and the top-k: its own
+        value is taken from the top-k when listed, else the sampled token's value stands in
+        (an upper bound under greedy decoding); `budget_closed` marks such outputs."""
+        assert req.logprobs is not None and sample.logprobs is not None
+        values = sample.logprobs
+        if token != sampled:
+            tops = values.top[sample.row] if values.top is not None else []
+            own = next((lp for lp, t in tops if t == token), values.chosen[sample.row])
+            values = TokenLogprobs([own], [tops] if values.top is not None else None)
+            row = 0
+        else:
+            row = sample.row
+        req.logprobs.add_output(token, values, row, self.token_text)
 
     def _jump_forward(self, req: Req) -> int | None:
         """Appends the text the grammar forces, retokenized, without sampling it; returns the

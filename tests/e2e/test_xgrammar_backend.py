@@ -1,7 +1,8 @@
 """The grammar backends (llguidance, xgrammar), model-free on SmolLM2's tokenizer: the fidelity
 matrix on each (enforced, refused, or a miss caught by the final validation, never passed off),
-special tokens kept out of the mask, the slow-compile schema in milliseconds, a cut output
-flagged, xgrammar's oneOf-as-anyOf reported, and routing under `grammar_backend="xgrammar"`."""
+special tokens kept out of the mask, the slow-compile schema in milliseconds, a small budget
+refused or closed, xgrammar's oneOf-as-anyOf reported, and routing under
+`grammar_backend="xgrammar"`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import jsonschema
 import pytest
 import torch
 
-from sgl_lite.backend.constrained import GrammarCompiler, GrammarError
+from sgl_lite.backend.constrained import BudgetError, GrammarCompiler, GrammarError
 from tests.e2e.test_constrained_fidelity import ENFORCED
 from tests.e2e.test_constrained_llguidance import ARITHMETIC, SQL, SQL_REFERENCE, _bias, _Parser
 from tests.e2e.test_constrained_support import smollm2_tokenizer
@@ -121,14 +122,25 @@ def test_the_slow_compile_schema_compiles_in_under_a_second(backend: str) -> Non
 
 
 @pytest.mark.parametrize("backend", GRAMMAR_BACKENDS)
-def test_a_budget_cut_is_flagged_and_reported(backend: str) -> None:
+def test_a_small_budget_is_refused_or_closed_never_cut(backend: str) -> None:
     schema = {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}
     grammar = compiler(backend).compile("json_schema", schema)
-    text, guide = decode(grammar, seed=1, constraint=("json_schema", schema), budget=4)
+    with pytest.raises(BudgetError, match=f"at least {grammar.min_tokens}"):
+        grammar.new_guide(max_new_tokens=4)  # '{"note": ""}' takes more than 4 tokens
+    guide = grammar.new_guide(max_new_tokens=grammar.min_tokens + 2)
+    out: list[int] = []
+    while not guide.is_finished() and guide.tokens_left > 0:
+        mask = guide.allowed_mask()
+        token = guide.budget_substitute(int(mask.nonzero()[-1, 0]))  # the highest-id token
+        guide.advance(token)
+        out.append(token)
+        for forced in guide.forced_tokens():
+            guide.advance(forced)
+            out.append(forced)
+    text = smollm2_tokenizer().decode(out)
     meta = guide.meta_info(text)
-    assert guide.num_advanced <= 4 + len(guide.forced_tokens()) + 8  # forced tokens may overrun
-    assert meta["budget_cut"] is True and "cut after" in meta["constraint_violation"], meta
-    assert not _valid(schema, text)
+    assert len(out) <= grammar.min_tokens + 2 and _valid(schema, text), text
+    assert meta["budget_closed"] is True and meta["budget_cut"] is False, meta
 
 
 def test_xgrammar_reads_one_of_as_any_of_and_the_validation_catches_it() -> None:

@@ -1,12 +1,15 @@
 """What the two grammar-backend cursors (llguidance's LLGuide, xgrammar's XGGuide) share: the
-budget bookkeeping, the mask memo, and the final validation with its meta flags.
+budget rule, the mask memo, and the final validation with its meta flags.
 
-Neither backend can say how many tokens the shortest completion takes, so neither can keep an
-output inside `max_new_tokens` the way the automaton's distance table does. What they can say
-is whether the text so far is complete; an output the budget cut before that is flagged
-(`budget_cut`) and reported as a violation, never passed off as valid. A complete output is
-still checked against the request's JSON Schema or regex, which catches what a backend only
-approximates (xgrammar's `oneOf` as `anyOf`, keywords it does not enforce).
+Neither backend can say how many tokens the shortest completion takes, so the budget rests on
+closer.py's deterministic closer instead of a distance table: a budget below the closer's
+length from the start is refused up front (BudgetError naming the minimum), and a sampled token
+after which no known completion fits the tokens left is replaced by the next token of one that
+does (`budget_substitute`, `budget_closed`), so the output is complete when the budget runs
+out. Where the closer finds no completion within its cap, the guarantee is lost for that
+request: an output the budget cut is flagged (`budget_cut`) and reported as a violation, never
+passed off as valid. A complete output is still checked against the request's JSON Schema or
+regex, which catches what a backend only approximates (xgrammar's `oneOf` as `anyOf`).
 """
 
 from __future__ import annotations
@@ -16,20 +19,50 @@ from typing import Any
 
 import torch
 
+from sgl_lite.backend.constrained.closer import ClosingBudget, ClosingMatcher, Ranked
 from sgl_lite.backend.constrained.fidelity import COUNTERS, check_output
+from sgl_lite.backend.constrained.guide import BudgetError
 
 
 class BackendGuide(ABC):
     """The Guide interface over a grammar backend's matcher; subclasses give the matcher ops
-    (`_fill_mask`, `_consume`, `_rollback`, `is_accepting`, `forced_tokens`)."""
+    (`_fill_mask`, `_consume`, `_rollback`, `is_accepting`, `_forced`, `_closing_copy`).
+
+    `initial_path` is the closer's path from the start state (None where it found none) and
+    `ranked` its ranked tokens (closer.py); a budget below the path's length raises BudgetError.
+    """
 
     def __init__(
-        self, eos_token_id: int, max_new_tokens: int | None, constraint: tuple[str, Any] | None
+        self,
+        eos_token_id: int,
+        max_new_tokens: int | None,
+        constraint: tuple[str, Any] | None,
+        *,
+        initial_path: list[int] | None = None,
+        ranked: Ranked | None = None,
     ) -> None:
+        need = None if initial_path is None else len(initial_path)
+        if max_new_tokens is not None and need is not None and need > max_new_tokens:
+            COUNTERS.add("budget_refused")
+            raise BudgetError(
+                f"max_new_tokens={max_new_tokens} is too small for this constraint: the shortest "
+                f"valid output this backend found takes {need} tokens; raise max_new_tokens to "
+                f"at least {need}"
+            )
         self.eos_token_id = eos_token_id
         self.max_new_tokens = max_new_tokens
         self.constraint = constraint
-        self.budget_closed = False  # never: these backends cannot steer toward a close
+        self.budget_closed = False  # the budget replaced a sampled token by the closer's
+        self.closer: ClosingBudget | None = None
+        if max_new_tokens is not None:
+            self.closer = ClosingBudget(
+                self._closing_copy,
+                self._completes,
+                ranked or Ranked(-1, (), {}),
+                eos_token_id,
+                initial_path,
+            )
+            self.closer.guarded = initial_path is not None
         self._advanced = 0
         self._mask: torch.Tensor | None = None  # memo of the mask at `_advanced` tokens
         self._meta: dict[str, Any] | None = None
@@ -53,8 +86,17 @@ class BackendGuide(ABC):
         """Whether the output so far is complete (eos allowed)."""
 
     @abstractmethod
-    def forced_tokens(self) -> list[int]:
-        """The tokens the grammar forces from here (jump-forward), possibly none."""
+    def _forced(self) -> list[int]:
+        """The text tokens the grammar forces from here, possibly none."""
+
+    @abstractmethod
+    def _closing_copy(self) -> ClosingMatcher:
+        """A private copy of the matcher at the current state, for the closer to walk."""
+
+    def _completes(self, tokens: list[int]) -> bool:
+        """Whether `tokens` from the current state are allowed and end complete (the state
+        stays); on a copy unless the backend can tell without moving its matcher."""
+        return self._closing_copy().completes(tokens)
 
     # -- the Guide interface ---------------------------------------------------------------
 
@@ -65,7 +107,7 @@ class BackendGuide(ABC):
 
     @property
     def tokens_left(self) -> int | None:
-        """Budget left, or None without a budget (informational on these backends)."""
+        """Budget left (max_new_tokens minus tokens advanced), or None without a budget."""
         return None if self.max_new_tokens is None else self.max_new_tokens - self._advanced
 
     def allowed_mask(self) -> torch.Tensor:
@@ -86,8 +128,34 @@ class BackendGuide(ABC):
             raise GrammarError(
                 f"token {token_id} is not allowed (after {self._advanced} tokens): {why}"
             )
+        if self.closer is not None:
+            self.closer.advanced(self._advanced, token_id)
         self._advanced += 1
         self._mask = None
+
+    def budget_substitute(self, token_id: int) -> int:
+        """The token to emit in place of sampled `token_id` before it is advanced over: itself,
+        unless no known completion fits the tokens left after it; then the next token of the
+        completion kept (eos where the output is already complete) and `budget_closed` is set.
+        Call from the thread that advances, after the step's mask was used."""
+        left = self.tokens_left
+        if self.closer is None or left is None or left <= 0:
+            return token_id
+        chosen = self.closer.substitute(self._advanced, left, token_id)
+        if chosen != token_id:
+            self.budget_closed = True
+        return chosen
+
+    def forced_tokens(self) -> list[int]:
+        """The tokens the grammar forces from here (jump-forward), possibly none; none when
+        no known completion would fit after them (sampling, under the rule, goes on)."""
+        forced = self._forced()
+        left = self.tokens_left
+        if self.closer is None or left is None or not forced:
+            return forced
+        if len(forced) > left or not self.closer.fits_forced(self._advanced, left, forced):
+            return []
+        return forced
 
     def rollback(self, n: int) -> None:
         """Undoes the last `n` advances."""
@@ -97,6 +165,8 @@ class BackendGuide(ABC):
             self._rollback(n)
             self._advanced -= n
             self._mask = None
+            if self.closer is not None:
+                self.closer.rolled_back()
 
     def is_finished(self) -> bool:
         """Whether nothing but eos can follow (the request stops without a forward)."""
@@ -115,24 +185,27 @@ class BackendGuide(ABC):
         return check_output(kind, pattern, text)
 
     def meta_info(self, text: str) -> dict[str, Any]:
-        """`budget_closed` (always False), `budget_cut` (the output ended before the grammar
-        completed) and `constraint_violation` (None when valid), computed and counted once."""
+        """`budget_closed` (the closer replaced a sampled token), `budget_cut` (the output
+        ended before the grammar completed) and `constraint_violation` (None when valid),
+        computed and counted once."""
         if self._meta is None:
             cut = not self.is_accepting()
             if cut:
                 left = "" if self.tokens_left is None else f" ({self.tokens_left} tokens left)"
                 violation: str | None = (
                     f"output is cut after {self._advanced} tokens before the grammar completes"
-                    f"{left}; this backend gives no budget guarantee: raise max_new_tokens or "
-                    "use grammar_backend 'outlines'"
+                    f"{left}; this backend's closer found no completion within the budget: "
+                    "raise max_new_tokens or use grammar_backend 'outlines'"
                 )
             else:
                 violation = self.validate(text)
             self._meta = {
-                "budget_closed": False,
+                "budget_closed": self.budget_closed,
                 "budget_cut": cut,
                 "constraint_violation": violation,
             }
+            if self.budget_closed:
+                COUNTERS.add("budget_closed")
             if violation is not None:
                 COUNTERS.add("constraint_violations")
         return dict(self._meta)

@@ -3,10 +3,10 @@ real recursion, behind the same Guide interface the engine uses for the automato
 
 `LLGrammar` is one validated grammar for one tokenizer (shared, with a prototype matcher built
 off the loop); `LLGuide` is a per-request deep copy of that matcher. What llguidance does not
-give: a distance table, so there is no budget guarantee here (a cut output is flagged
-`budget_cut` by grammar_guide.BackendGuide and reported, never passed off). Forced tokens come
-from llguidance's own fast-forward, appended without retokenizing. Nothing here knows about
-the engine.
+give is a distance table: the budget rests on closer.py's closer, which walks deep copies of
+the matcher (`_LLCopy`); its length from the start is `LLGrammar.min_tokens`. Forced tokens
+come from llguidance's own fast-forward, appended without retokenizing. Nothing here knows
+about the engine.
 """
 
 from __future__ import annotations
@@ -17,6 +17,13 @@ from typing import Any
 
 import torch
 
+from sgl_lite.backend.constrained.closer import (
+    CLOSER_CAP,
+    ClosingMatcher,
+    closing_path,
+    lowest_allowed,
+    ranked_tokens,
+)
 from sgl_lite.backend.constrained.grammar_guide import BackendGuide
 from sgl_lite.backend.constrained.grammar_mask import text_token_mask, unpack_bitmask
 from sgl_lite.backend.constrained.regex_check import GrammarError
@@ -120,7 +127,6 @@ class LLGrammar:
     """A validated llguidance grammar over one tokenizer; `new_guide` makes request cursors."""
 
     backend = "llguidance"
-    min_tokens = 0  # NOTE: unknown to llguidance; budgets are not checked up front here
 
     def __init__(self, grammar: str, tokenizer: Any, vocab_size: int, eos_token_id: int) -> None:
         from llguidance import LLMatcher
@@ -129,10 +135,21 @@ class LLGrammar:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
-        self.text_mask = text_token_mask(vocabulary_for(tokenizer))
+        vocab = vocabulary_for(tokenizer)
+        self.text_mask = text_token_mask(vocab)
         self._proto = LLMatcher(ll_tokenizer(tokenizer), grammar)
         if self._proto.is_error():
             raise GrammarError(f"llguidance cannot build the grammar: {self._proto.get_error()}")
+        self.ranked = ranked_tokens(vocab)
+        self.is_text: list[bool] = self.text_mask.tolist()  # the closer's per-token test
+        # the closer from the start state: what a budget must at least allow (None: none found)
+        self.initial_path = closing_path(_LLCopy(self._proto, self), self.ranked, CLOSER_CAP)
+
+    @property
+    def min_tokens(self) -> int:
+        """The closer's length from the start state: no budget below it is accepted (0 where
+        the closer found no completion, and budgets are then not checked up front)."""
+        return 0 if self.initial_path is None else len(self.initial_path)
 
     def new_guide(
         self, *, max_new_tokens: int | None = None, constraint: tuple[str, Any] | None = None
@@ -145,7 +162,13 @@ class LLGuide(BackendGuide):
     """Where one request stands in an llguidance grammar (the Guide interface)."""
 
     def __init__(self, grammar: LLGrammar, matcher: Any, max_new_tokens, constraint) -> None:
-        super().__init__(grammar.eos_token_id, max_new_tokens, constraint)
+        super().__init__(
+            grammar.eos_token_id,
+            max_new_tokens,
+            constraint,
+            initial_path=grammar.initial_path,
+            ranked=grammar.ranked,
+        )
         self.grammar = grammar
         self._matcher = matcher
 
@@ -170,6 +193,60 @@ class LLGuide(BackendGuide):
         """Whether nothing but eos can follow (llguidance's own stop, or the mask says so)."""
         return bool(self._matcher.is_stopped()) or super().is_finished()
 
-    def forced_tokens(self) -> list[int]:
-        """The tokens llguidance forces from here (its fast-forward), possibly none."""
+    def _forced(self) -> list[int]:
         return list(self._matcher.compute_ff_tokens())
+
+    def _closing_copy(self) -> ClosingMatcher:
+        return _LLCopy(self._matcher, self.grammar)
+
+    def _completes(self, tokens: list[int]) -> bool:
+        return ll_completes(self._matcher, self.grammar, tokens)
+
+
+class _LLCopy:
+    """A deep copy of an llguidance matcher for the closer (closer.ClosingMatcher)."""
+
+    def __init__(self, matcher: Any, grammar: LLGrammar) -> None:
+        self._m = matcher.deep_copy()
+        self._grammar = grammar
+
+    def accepting(self) -> bool:
+        """Whether the text so far is complete."""
+        return bool(self._m.is_accepting())
+
+    def forced(self) -> list[int]:
+        """llguidance's fast-forward tokens from here."""
+        return list(self._m.compute_ff_tokens())
+
+    def forced_bytes(self) -> bytes:
+        """The bytes llguidance forces from here."""
+        return bytes(self._m.compute_ff_bytes())
+
+    def try_consume(self, token_id: int) -> bool:
+        """Consumes `token_id` if allowed (a refused token leaves the state as it was)."""
+        # NOTE: validate, then consume: try_consume_tokens costs more deep into an output
+        m = self._m
+        return self._grammar.is_text[token_id] and (
+            m.validate_tokens([token_id]) == 1 and bool(m.consume_token(token_id))
+        )
+
+    def lowest_allowed(self) -> int | None:
+        """The lowest-id allowed text token, from llguidance's bitmask."""
+        words = torch.frombuffer(bytearray(self._m.compute_bitmask()), dtype=torch.int32)
+        return lowest_allowed(words, self._grammar.text_mask, self._grammar.eos_token_id)
+
+    def allows(self, tokens: list[int]) -> int:
+        """How many of `tokens` llguidance would take from here (the state stays)."""
+        return int(self._m.validate_tokens(tokens))
+
+    def completes(self, tokens: list[int]) -> bool:
+        """Whether llguidance takes `tokens` and then eos (allowed only where complete)."""
+        return ll_completes(self._m, self._grammar, tokens)
+
+
+def ll_completes(matcher: Any, grammar: LLGrammar, tokens: list[int]) -> bool:
+    """Whether `matcher` takes the text `tokens` and then eos (allowed only where the text is
+    complete); validate_tokens only reads the matcher, so no copy is needed."""
+    if not all(grammar.is_text[t] for t in tokens):
+        return False
+    return matcher.validate_tokens([*tokens, grammar.eos_token_id]) == len(tokens) + 1

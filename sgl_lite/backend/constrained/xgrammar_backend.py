@@ -3,9 +3,10 @@
 `to_xgrammar` checks a regex, JSON Schema or EBNF grammar at submission (xgrammar's parser, no
 tokenizer, milliseconds) and returns its EBNF text, the cache key and what `XGGrammar` compiles
 off the loop; `XGGuide` is one request's GrammarMatcher. What xgrammar does not give: a
-distance table (no budget guarantee, see grammar_guide.py) and exactness on every keyword: it
-reads `oneOf` as `anyOf` and drops a few (`uniqueItems`, `not`, parts of `allOf`), which the
-final JSON Schema validation catches and reports. Nothing here knows about the engine.
+distance table (the budget rests on closer.py's closer, walking forks of the matcher,
+`_XGCopy`) and exactness on every keyword: it reads `oneOf` as `anyOf` and drops a few
+(`uniqueItems`, `not`, parts of `allOf`), which the final JSON Schema validation catches and
+reports. Nothing here knows about the engine.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from typing import Any
 
 import torch
 
+from sgl_lite.backend.constrained.closer import (
+    CLOSER_CAP,
+    ClosingMatcher,
+    closing_path,
+    lowest_allowed,
+    ranked_tokens,
+)
 from sgl_lite.backend.constrained.formats import STRING_FORMATS
 from sgl_lite.backend.constrained.grammar_guide import BackendGuide
 from sgl_lite.backend.constrained.grammar_mask import text_token_mask, unpack_bitmask
@@ -158,9 +166,10 @@ class XGGrammar:
     """A compiled xgrammar grammar over one tokenizer; `new_guide` makes request cursors."""
 
     backend = "xgrammar"
-    min_tokens = 0  # NOTE: unknown to xgrammar; budgets are not checked up front here
 
     def __init__(self, source: str, tokenizer: Any, vocab: TokenVocabulary) -> None:
+        import xgrammar as xgr
+
         self.source = source
         self.vocab_size = vocab.size
         self.eos_token_id = vocab.eos_token_id
@@ -169,6 +178,17 @@ class XGGrammar:
             self.compiled = xg_compiler(tokenizer, vocab).compile_grammar(source)
         except Exception as exc:
             raise GrammarError(f"xgrammar cannot compile the grammar: {_short(exc)}") from None
+        self.ranked = ranked_tokens(vocab)
+        self.is_text: list[bool] = self.text_mask.tolist()  # the closer's per-token test
+        start = xgr.GrammarMatcher(self.compiled, max_rollback_tokens=-1)
+        # the closer from the start state: what a budget must at least allow (None: none found)
+        self.initial_path = closing_path(_XGCopy(start, self), self.ranked, CLOSER_CAP)
+
+    @property
+    def min_tokens(self) -> int:
+        """The closer's length from the start state: no budget below it is accepted (0 where
+        the closer found no completion, and budgets are then not checked up front)."""
+        return 0 if self.initial_path is None else len(self.initial_path)
 
     def new_guide(
         self, *, max_new_tokens: int | None = None, constraint: tuple[str, Any] | None = None
@@ -183,7 +203,13 @@ class XGGuide(BackendGuide):
     def __init__(self, grammar: XGGrammar, max_new_tokens, constraint) -> None:
         import xgrammar as xgr
 
-        super().__init__(grammar.eos_token_id, max_new_tokens, constraint)
+        super().__init__(
+            grammar.eos_token_id,
+            max_new_tokens,
+            constraint,
+            initial_path=grammar.initial_path,
+            ranked=grammar.ranked,
+        )
         self.grammar = grammar
         # NOTE: unbounded rollback: jump-forward and the engine may undo any number of tokens
         self._matcher = xgr.GrammarMatcher(grammar.compiled, max_rollback_tokens=-1)
@@ -204,14 +230,79 @@ class XGGuide(BackendGuide):
         """Whether the output so far is a complete sentence of the grammar."""
         return bool(self._matcher.is_completed())
 
-    def forced_tokens(self) -> list[int]:
-        """xgrammar's jump-forward tokens (its greedy tokenization of the forced text); only
-        text tokens, so a special token never enters the output this way either."""
-        ids = list(self._matcher.find_jump_forward_tokens())
-        mask = self.grammar.text_mask
-        out: list[int] = []
-        for token_id in ids:
-            if token_id == self.eos_token_id or not bool(mask[token_id]):
+    def _forced(self) -> list[int]:
+        return text_prefix(self._matcher.find_jump_forward_tokens(), self.grammar)
+
+    def _closing_copy(self) -> ClosingMatcher:
+        return _XGCopy(self._matcher.fork(), self.grammar)
+
+    def _completes(self, tokens: list[int]) -> bool:
+        # NOTE: on the live matcher (accepted, then rolled back), from the thread that advances
+        # it: a fork costs more than the check
+        return _XGCopy(self._matcher, self.grammar).completes(tokens)
+
+
+def text_prefix(ids: list[int], grammar: XGGrammar) -> list[int]:
+    """xgrammar's jump-forward tokens (its greedy tokenization of the forced text) up to the
+    first that is not text, so a special token never enters the output this way either."""
+    out: list[int] = []
+    for token_id in ids:
+        if token_id == grammar.eos_token_id or not bool(grammar.text_mask[token_id]):
+            break
+        out.append(token_id)
+    return out
+
+
+class _XGCopy:
+    """A fork of an xgrammar matcher for the closer (closer.ClosingMatcher)."""
+
+    def __init__(self, matcher: Any, grammar: XGGrammar) -> None:
+        self._m = matcher
+        self._grammar = grammar
+
+    def accepting(self) -> bool:
+        """Whether the text so far is a complete sentence of the grammar."""
+        return bool(self._m.is_completed())
+
+    def forced(self) -> list[int]:
+        """xgrammar's jump-forward tokens from here (text tokens only)."""
+        return text_prefix(self._m.find_jump_forward_tokens(), self._grammar)
+
+    def forced_bytes(self) -> bytes:
+        """The text xgrammar forces from here, as bytes."""
+        return self._m.find_jump_forward_string().encode("utf-8")
+
+    def try_consume(self, token_id: int) -> bool:
+        """Consumes `token_id` if allowed (a refused token leaves the state as it was)."""
+        return self._grammar.is_text[token_id] and bool(self._m.accept_token(token_id))
+
+    def lowest_allowed(self) -> int | None:
+        """The lowest-id allowed text token, from xgrammar's bitmask."""
+        import xgrammar as xgr
+
+        bits = xgr.allocate_token_bitmask(1, self._grammar.vocab_size)
+        self._m.fill_next_token_bitmask(bits, 0)
+        return lowest_allowed(bits[0], self._grammar.text_mask, self._grammar.eos_token_id)
+
+    def allows(self, tokens: list[int]) -> int:
+        """How many of `tokens` xgrammar would take from here (accepted, then rolled back)."""
+        n = 0
+        for token_id in tokens:
+            if not self.try_consume(token_id):
                 break
-            out.append(token_id)
-        return out
+            n += 1
+        if n:
+            self._m.rollback(n)
+        return n
+
+    def completes(self, tokens: list[int]) -> bool:
+        """Whether xgrammar takes `tokens` and is then complete (accepted, rolled back)."""
+        n = 0
+        for token_id in tokens:
+            if not self.try_consume(token_id):
+                break
+            n += 1
+        done = n == len(tokens) and bool(self._m.is_completed())
+        if n:
+            self._m.rollback(n)
+        return done
