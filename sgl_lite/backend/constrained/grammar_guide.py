@@ -170,6 +170,11 @@ class BackendGuide(ABC):
 
     def is_finished(self) -> bool:
         """Whether nothing but eos can follow (the request stops without a forward)."""
+        if not self.is_accepting():
+            # NOTE: eos is barred, so some other token is allowed (a matcher with no way on is
+            # refused at _consume). Skipping the mask here leaves it to the step's prefetch
+            # worker, which computes it beside the next forward (mask_prefetch.py).
+            return False
         mask = self.allowed_mask()
         others = bool(mask[: self.eos_token_id].any()) or bool(mask[self.eos_token_id + 1 :].any())
         return not others
