@@ -5,7 +5,7 @@ Each row is W3 as `SglLite.w3` measures it (wall, valid fraction, constrained/un
 per-token time, jump-forward passes saved) on a pair of engines (jump-forward on and off) built
 with that `grammar_backend`; W3T reuses W3B's pairs (EnginePairs). "no budget" switches the
 automaton's budget rule off (`GrammarCompiler.budget_aware`), as every other runtime decodes; the
-grammar backends have no budget rule to switch. In W3T the peers (outlines, llama-cpp-python,
+grammar backends' closer (closer.py) has no switch. In W3T the peers (outlines, llama-cpp-python,
 each in its own process where installed) run the same tight budget.
 """
 

@@ -51,8 +51,9 @@ class EngineConfig:
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
     context_length: int | None = None
-    # `auto`: the automaton (outlines-core) where it expresses the whole constraint exactly (it
-    # alone gives the budget guarantee), a grammar backend (llguidance) otherwise.
+    # `auto`: the automaton (outlines-core) where it expresses the whole constraint exactly (its
+    # budget rule alone is exact; a grammar backend's closer bounds it from above), a grammar
+    # backend (llguidance) otherwise.
     grammar_backend: str = "auto"
     constrained_json_whitespace_pattern: str | None = None
     disable_jump_forward: bool = False

@@ -1,7 +1,7 @@
 """Regex / JSON Schema / EBNF → compiled grammar, cached and built off the caller's thread.
 
 `GrammarCompiler.validate` is the fast synchronous check done at submission: it picks the
-backend (the outlines-core automaton, which alone gives the budget guarantee; llguidance for
+backend (the outlines-core automaton, whose budget rule alone is exact; llguidance for
 EBNF/Lark and for schemas the automaton refuses; xgrammar when asked for) and the source it
 compiles; a JSON Schema is first rewritten into keywords the automaton and llguidance enforce
 (schema_normalize: exact rewrites, formats as subset patterns; xgrammar reads the schema as
