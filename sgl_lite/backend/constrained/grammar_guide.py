@@ -15,7 +15,7 @@ regex, which catches what a backend only approximates (xgrammar's `oneOf` as `an
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -24,23 +24,30 @@ from sgl_lite.backend.constrained.fidelity import COUNTERS, check_output
 from sgl_lite.backend.constrained.guide import BudgetError
 
 
+class ClosableGrammar(Protocol):
+    """What a guide reads from its compiled grammar (LLGrammar, XGGrammar)."""
+
+    eos_token_id: int
+    initial_path: list[int] | None  # the closer's path from the start; None: it found none
+    ranked: Ranked
+
+
 class BackendGuide(ABC):
     """The Guide interface over a grammar backend's matcher; subclasses give the matcher ops
     (`_fill_mask`, `_consume`, `_rollback`, `is_accepting`, `_forced`, `_closing_copy`).
 
-    `initial_path` is the closer's path from the start state (None where it found none) and
-    `ranked` its ranked tokens (closer.py); a budget below the path's length raises BudgetError.
+    The grammar gives the closer's path from the start state (`initial_path`, None where it
+    found none) and its ranked tokens (closer.py); a budget below the path's length raises
+    BudgetError.
     """
 
     def __init__(
         self,
-        eos_token_id: int,
+        grammar: ClosableGrammar,
         max_new_tokens: int | None,
         constraint: tuple[str, Any] | None,
-        *,
-        initial_path: list[int] | None = None,
-        ranked: Ranked | None = None,
     ) -> None:
+        eos_token_id, initial_path = grammar.eos_token_id, grammar.initial_path
         need = None if initial_path is None else len(initial_path)
         if max_new_tokens is not None and need is not None and need > max_new_tokens:
             COUNTERS.add("budget_refused")
@@ -58,7 +65,7 @@ class BackendGuide(ABC):
             self.closer = ClosingBudget(
                 self._closing_copy,
                 self._completes,
-                ranked or Ranked(-1, (), {}),
+                grammar.ranked,
                 eos_token_id,
                 initial_path,
             )

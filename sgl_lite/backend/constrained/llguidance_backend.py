@@ -162,13 +162,7 @@ class LLGuide(BackendGuide):
     """Where one request stands in an llguidance grammar (the Guide interface)."""
 
     def __init__(self, grammar: LLGrammar, matcher: Any, max_new_tokens, constraint) -> None:
-        super().__init__(
-            grammar.eos_token_id,
-            max_new_tokens,
-            constraint,
-            initial_path=grammar.initial_path,
-            ranked=grammar.ranked,
-        )
+        super().__init__(grammar, max_new_tokens, constraint)
         self.grammar = grammar
         self._matcher = matcher
 

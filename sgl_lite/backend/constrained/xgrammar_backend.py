@@ -203,13 +203,7 @@ class XGGuide(BackendGuide):
     def __init__(self, grammar: XGGrammar, max_new_tokens, constraint) -> None:
         import xgrammar as xgr
 
-        super().__init__(
-            grammar.eos_token_id,
-            max_new_tokens,
-            constraint,
-            initial_path=grammar.initial_path,
-            ranked=grammar.ranked,
-        )
+        super().__init__(grammar, max_new_tokens, constraint)
         self.grammar = grammar
         # NOTE: unbounded rollback: jump-forward and the engine may undo any number of tokens
         self._matcher = xgr.GrammarMatcher(grammar.compiled, max_rollback_tokens=-1)
