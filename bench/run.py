@@ -33,8 +33,8 @@ TITLES = {
     "W4": "raw decode (tokens/s)",
     "W5": "DSL programs vs engine API",
 }
-# W4 also runs the engine in each explicit weight mode (the `sgl_lite` row is `auto`).
-SGL_MODES = ("float32", "bfloat16", "int8")
+# W4 also runs the engine in each explicit weight mode (the `sgl_lite` row is the default).
+SGL_MODES = ("auto", "bfloat16", "int8")
 PACKAGES = (
     "torch",
     "transformers",
@@ -82,7 +82,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
             versions[pkg] = "not installed"
     return {
         "torch_threads": torch.get_num_threads(),
-        "dtype": "auto (see weights)",
+        "dtype": "engine default (see weights)",
         "device": "cpu",
         "cpu_model": cpu,
         "cpu_count": os.cpu_count(),
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         "torch threads",
         torch.get_num_threads(),
-        "| dtype/quantization auto (W4 also float32, bfloat16, int8) | device cpu |",
+        "| the engine's default weights (W4 also auto, bfloat16, int8) | device cpu |",
         results["env"]["cpu_model"],
         "|",
         results["env"]["versions"],

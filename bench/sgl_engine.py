@@ -38,9 +38,7 @@ class SglLite:
         from sgl_lite.backend.engine import Engine
 
         self.num_threads = num_threads
-        self.engine = engine or Engine(
-            num_threads=num_threads, max_total_tokens=MAX_TOTAL_TOKENS, quantization="auto"
-        )
+        self.engine = engine or Engine(num_threads=num_threads, max_total_tokens=MAX_TOTAL_TOKENS)
         self.tokenizer = self.engine.tokenizer
         self.eos = eos_ids(self.tokenizer, self.engine.runner.hf_config)
         self._no_jf: Any = None
@@ -54,7 +52,6 @@ class SglLite:
                 num_threads=self.num_threads,
                 max_total_tokens=4096,
                 disable_jump_forward=True,
-                quantization="auto",
             )
         return self._no_jf
 
@@ -230,9 +227,10 @@ class SglLite:
         }
 
 
-# Engine keywords of each explicit weight mode W4 reports besides `auto`.
+# Engine keywords of each explicit weight mode W4 reports besides the engine's default (the
+# `sgl_lite` row: float32 on CPU, what a user gets without flags).
 MODES = {
-    "float32": {"dtype": "float32", "quantization": "none"},
+    "auto": {"dtype": "auto", "quantization": "auto"},
     "bfloat16": {"dtype": "bfloat16", "quantization": "none"},
     "int8": {"dtype": "auto", "quantization": "int8"},
 }

@@ -75,7 +75,6 @@ def _engines(num_threads: int, backend: str, budget_aware: bool) -> tuple[Any, A
         Engine(
             num_threads=num_threads,
             max_total_tokens=MAX_TOTAL_TOKENS,
-            quantization="auto",
             grammar_backend=backend,
             disable_jump_forward=no_jf,
         )
