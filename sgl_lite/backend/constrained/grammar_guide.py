@@ -15,21 +15,45 @@ regex, which catches what a backend only approximates (xgrammar's `oneOf` as `an
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from sgl_lite.backend.constrained.closer import ClosingBudget, ClosingMatcher, Ranked
+from sgl_lite.backend.constrained.closer import (
+    CLOSER_CAP,
+    ClosingBudget,
+    ClosingMatcher,
+    Ranked,
+    closing_path,
+    ranked_tokens,
+)
 from sgl_lite.backend.constrained.fidelity import COUNTERS, check_output
 from sgl_lite.backend.constrained.guide import BudgetError
 
 
-class ClosableGrammar(Protocol):
-    """What a guide reads from its compiled grammar (LLGrammar, XGGrammar)."""
+class ClosableGrammar:
+    """What the grammar backends' compiled grammars (LLGrammar, XGGrammar) share for the
+    closer: its ranked tokens, the per-token text test, and its path from the start state."""
 
     eos_token_id: int
-    initial_path: list[int] | None  # the closer's path from the start; None: it found none
+    text_mask: torch.Tensor
     ranked: Ranked
+    is_text: list[bool]  # the closer's per-token test
+    initial_path: list[int] | None  # the closer's path from the start; None: it found none
+
+    def _init_closer(self, vocab: Any, start: Callable[[], ClosingMatcher]) -> None:
+        """Sets the closer's tables from `vocab` (after `text_mask`), then walks it from the
+        matcher `start()` builds: what a budget must at least allow."""
+        self.ranked = ranked_tokens(vocab)
+        self.is_text = self.text_mask.tolist()
+        self.initial_path = closing_path(start(), self.ranked, CLOSER_CAP)
+
+    @property
+    def min_tokens(self) -> int:
+        """The closer's length from the start state: no budget below it is accepted (0 where
+        the closer found no completion, and budgets are then not checked up front)."""
+        return 0 if self.initial_path is None else len(self.initial_path)
 
 
 class BackendGuide(ABC):

@@ -18,13 +18,10 @@ from typing import Any
 import torch
 
 from sgl_lite.backend.constrained.closer import (
-    CLOSER_CAP,
     ClosingMatcher,
-    closing_path,
     lowest_allowed,
-    ranked_tokens,
 )
-from sgl_lite.backend.constrained.grammar_guide import BackendGuide
+from sgl_lite.backend.constrained.grammar_guide import BackendGuide, ClosableGrammar
 from sgl_lite.backend.constrained.grammar_mask import text_token_mask, unpack_bitmask
 from sgl_lite.backend.constrained.regex_check import GrammarError
 from sgl_lite.backend.constrained.vocab import vocabulary_for
@@ -123,7 +120,7 @@ def check_llguidance(kind: str, grammar: str, tokenizer: Any) -> None:
         raise GrammarError(f"{kind} is not supported by the llguidance backend: {messages[0]}")
 
 
-class LLGrammar:
+class LLGrammar(ClosableGrammar):
     """A validated llguidance grammar over one tokenizer; `new_guide` makes request cursors."""
 
     backend = "llguidance"
@@ -140,16 +137,7 @@ class LLGrammar:
         self._proto = LLMatcher(ll_tokenizer(tokenizer), grammar)
         if self._proto.is_error():
             raise GrammarError(f"llguidance cannot build the grammar: {self._proto.get_error()}")
-        self.ranked = ranked_tokens(vocab)
-        self.is_text: list[bool] = self.text_mask.tolist()  # the closer's per-token test
-        # the closer from the start state: what a budget must at least allow (None: none found)
-        self.initial_path = closing_path(_LLCopy(self._proto, self), self.ranked, CLOSER_CAP)
-
-    @property
-    def min_tokens(self) -> int:
-        """The closer's length from the start state: no budget below it is accepted (0 where
-        the closer found no completion, and budgets are then not checked up front)."""
-        return 0 if self.initial_path is None else len(self.initial_path)
+        self._init_closer(vocab, lambda: _LLCopy(self._proto, self))
 
     def new_guide(
         self, *, max_new_tokens: int | None = None, constraint: tuple[str, Any] | None = None

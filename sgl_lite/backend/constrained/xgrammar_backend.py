@@ -19,14 +19,11 @@ from typing import Any
 import torch
 
 from sgl_lite.backend.constrained.closer import (
-    CLOSER_CAP,
     ClosingMatcher,
-    closing_path,
     lowest_allowed,
-    ranked_tokens,
 )
 from sgl_lite.backend.constrained.formats import STRING_FORMATS
-from sgl_lite.backend.constrained.grammar_guide import BackendGuide
+from sgl_lite.backend.constrained.grammar_guide import BackendGuide, ClosableGrammar
 from sgl_lite.backend.constrained.grammar_mask import text_token_mask, unpack_bitmask
 from sgl_lite.backend.constrained.regex_check import GrammarError
 from sgl_lite.backend.constrained.vocab import TokenVocabulary
@@ -162,7 +159,7 @@ def _short(exc: Exception) -> str:
     return msg.split(": ", 1)[1] if msg.startswith("[") and ": " in msg else msg
 
 
-class XGGrammar:
+class XGGrammar(ClosableGrammar):
     """A compiled xgrammar grammar over one tokenizer; `new_guide` makes request cursors."""
 
     backend = "xgrammar"
@@ -178,17 +175,8 @@ class XGGrammar:
             self.compiled = xg_compiler(tokenizer, vocab).compile_grammar(source)
         except Exception as exc:
             raise GrammarError(f"xgrammar cannot compile the grammar: {_short(exc)}") from None
-        self.ranked = ranked_tokens(vocab)
-        self.is_text: list[bool] = self.text_mask.tolist()  # the closer's per-token test
         start = xgr.GrammarMatcher(self.compiled, max_rollback_tokens=-1)
-        # the closer from the start state: what a budget must at least allow (None: none found)
-        self.initial_path = closing_path(_XGCopy(start, self), self.ranked, CLOSER_CAP)
-
-    @property
-    def min_tokens(self) -> int:
-        """The closer's length from the start state: no budget below it is accepted (0 where
-        the closer found no completion, and budgets are then not checked up front)."""
-        return 0 if self.initial_path is None else len(self.initial_path)
+        self._init_closer(vocab, lambda: _XGCopy(start, self))
 
     def new_guide(
         self, *, max_new_tokens: int | None = None, constraint: tuple[str, Any] | None = None
