@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 import torch
@@ -77,30 +78,19 @@ class Engine:
         configure_logging(config.log_level)
         if config.num_threads is not None:  # process-wide: only when asked (see EngineConfig)
             torch.set_num_threads(config.num_threads)
-        self.model_folder, runner, tokenizer = load_model(config, runner, tokenizer)
-        self.tokenizer = tokenizer
-        self.runner = runner
-        self.cache = CacheManager(runner.pool, config.disable_radix_cache)
-        eos = eos_token_ids(runner, tokenizer)
-        self.sampler = Sampler(eos, runner.vocab_size, seed=config.random_seed)
-        self.outputs = OutputProcessor(tokenizer, eos, jump_forward=not config.disable_jump_forward)
-        self.scheduler = Scheduler(config, self.cache, self.outputs)
-        self.masks = MaskPrefetcher(overlap=config.overlap_masks)
-        self.builder = RequestBuilder(
-            config,
-            tokenizer,
-            vocab_size=runner.vocab_size,
-            context_length=runner.context_length,
-            pool_size=runner.pool.num_slots,
-        )
-        self.admission = Admission(config.max_queued_requests, config.request_timeout)
         self.forward_passes = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, OutputSink] = {}
         self._reqs: dict[str, Req] = {}
         self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name="sgl_lite-engine", daemon=True)
+        # The loop thread loads the model itself: all of the engine's tensor work then runs on
+        # one thread and so in one OpenMP team (see omp_threads). A load failure comes back here.
+        ready: Future[None] = Future()
+        self._thread = threading.Thread(
+            target=self._loop, args=(runner, tokenizer, ready), name="sgl_lite-engine", daemon=True
+        )
         self._thread.start()
+        ready.result()
         logger.info(
             "sgl_lite engine: model=%s device=%s dtype=%s threads=%d kv_pool=%d tokens (%.1f MB) "
             "max_running_requests=%d",
@@ -108,8 +98,8 @@ class Engine:
             config.device,
             config.dtype,
             torch.get_num_threads(),
-            runner.pool.num_slots,
-            runner.pool.nbytes / 2**20,
+            self.runner.pool.num_slots,
+            self.runner.pool.nbytes / 2**20,
             config.max_running_requests,
         )
 
@@ -240,8 +230,36 @@ class Engine:
         return value
 
     # --- loop thread ------------------------------------------------------------------------
-    def _loop(self) -> None:
+    def _setup(self, runner: Runner | None, tokenizer: Any) -> None:
+        """Loads the model (unless given) and builds the parts that run it; on the loop thread."""
+        config = self.config
+        self.model_folder, runner, tokenizer = load_model(config, runner, tokenizer)
+        self.tokenizer = tokenizer
+        self.runner = runner
+        self.cache = CacheManager(runner.pool, config.disable_radix_cache)
+        eos = eos_token_ids(runner, tokenizer)
+        self.sampler = Sampler(eos, runner.vocab_size, seed=config.random_seed)
+        self.outputs = OutputProcessor(tokenizer, eos, jump_forward=not config.disable_jump_forward)
+        self.scheduler = Scheduler(config, self.cache, self.outputs)
+        self.masks = MaskPrefetcher(overlap=config.overlap_masks)
+        self.builder = RequestBuilder(
+            config,
+            tokenizer,
+            vocab_size=runner.vocab_size,
+            context_length=runner.context_length,
+            pool_size=runner.pool.num_slots,
+        )
+        self.admission = Admission(config.max_queued_requests, config.request_timeout)
+
+    def _loop(self, runner: Runner | None, tokenizer: Any, ready: Future[None]) -> None:
         torch.set_grad_enabled(False)
+        try:
+            self._setup(runner, tokenizer)
+        except BaseException as exc:
+            self._stopped = True
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
         idle = True
         while not self._stopped:
             # Block for new input only when the last step had nothing to run (e.g. every

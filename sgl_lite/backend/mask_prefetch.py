@@ -12,9 +12,8 @@ Why the two overlap: torch's kernels release the GIL, llguidance fills its bitma
 dropped, and outlines-core's masks are mostly memo hits per automaton state; what still holds
 the GIL (xgrammar's binding, the bitmask unpacking) then shares it with the forward's Python.
 
-The worker is one thread and runs its own tensor ops on one OpenMP thread (its per-thread
-OpenMP setting; `torch.set_num_threads` would change the process-wide count the engine was
-configured with), so it never starts a second OpenMP team beside the forward's.
+The worker is one thread and runs its own tensor ops on one OpenMP thread, so it never starts a
+second OpenMP team beside the forward's (see omp_threads: a second team halves the step's speed).
 
 A mask that raises is that request's error: it comes back in `MaskResults.errors` and the engine
 ends that request alone; the step and the other requests go on.
@@ -22,10 +21,6 @@ ends that request alone; the step and the other requests go on.
 
 from __future__ import annotations
 
-import ctypes
-import glob
-import logging
-import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, NamedTuple
@@ -33,13 +28,13 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from sgl_lite.backend.errors import EngineError
+from sgl_lite.backend.omp_threads import use_one_omp_thread
 from sgl_lite.backend.outputs import FinishReason
 from sgl_lite.backend.request import Req
 
 if TYPE_CHECKING:
     from sgl_lite.backend.scheduler import ScheduleBatch
 
-logger = logging.getLogger("sgl_lite")
 WORKER_NAME = "sgl_lite-masks"
 
 
@@ -120,7 +115,7 @@ class MaskPrefetcher:
             raise RuntimeError("the previous step's masks were never waited for")
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=WORKER_NAME, initializer=_one_omp_thread
+                max_workers=1, thread_name_prefix=WORKER_NAME, initializer=use_one_omp_thread
             )
         self._in_flight = True
         return PendingMasks(reqs, self._executor.submit(compute_masks, reqs), self._landed)
@@ -138,19 +133,3 @@ class MaskPrefetcher:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-
-
-def _one_omp_thread() -> None:
-    """Sets this thread's OpenMP thread count to 1 (the count is per thread in OpenMP, so the
-    loop thread's forward keeps its own), through the libgomp torch loaded."""
-    # NOTE: torch sets a thread's OpenMP count from the process-wide one on its first op in that
-    # thread; done first here, so that the 1 below is not overwritten later.
-    torch.get_num_threads()
-    libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*.so*"))
-    for path in [*libs, None]:  # None: the symbols already loaded into the process
-        try:
-            ctypes.CDLL(path).omp_set_num_threads(1)
-            return
-        except (OSError, AttributeError):
-            continue
-    logger.debug("mask worker: no libgomp found; its tensor ops use torch's thread count")

@@ -35,6 +35,7 @@ from sgl_lite.backend.constrained.regex_check import (
 from sgl_lite.backend.constrained.schema_normalize import keyword_path, normalize
 from sgl_lite.backend.constrained.schema_regex import schema_to_regex
 from sgl_lite.backend.constrained.vocab import byte_vocabulary, vocabulary_for
+from sgl_lite.backend.omp_threads import use_one_omp_thread
 
 GrammarKind = Literal["regex", "json_schema", "ebnf"]
 BACKENDS = ("outlines", "llguidance", "xgrammar", "auto")
@@ -228,6 +229,7 @@ class GrammarCompiler:
         return self.submit(kind, pattern).result()
 
     def _build(self, key: tuple[str, str], future: Future[Any], timer: threading.Timer) -> None:
+        use_one_omp_thread()  # no second OpenMP team beside the forward's (see omp_threads)
         started = time.perf_counter()
         try:
             outcome: Any = self._build_grammar(*key)
