@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -31,6 +32,30 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     result = fn()
     return time.perf_counter() - start, result
+
+
+def on_own_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) on a thread that ends with it, its result or exception handed back.
+
+    Every in-process system (the HF baselines, the engine wrappers) runs its calls this way, so
+    no OpenMP team outlives a call: a thread's team lives as long as the thread, and two teams
+    put libgomp's workers to sleep between kernels, slowing whichever system runs next
+    (sgl_lite/backend/omp_threads.py). Each system is then timed as if alone in its process.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="bench-call")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def strip_eos(ids: Sequence[int], eos: set[int]) -> list[int]:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from bench import chart, report, w3_backends
-from bench.common import Skipped, median
+from bench.common import Skipped, median, on_own_thread
 from bench.workloads import Workloads, build
 
 TITLES = {
@@ -123,7 +123,7 @@ def aggregate(reps: list[dict[str, Any]]) -> dict[str, Any]:
 
 def measure(system: Any, method: str, wl: Workloads, repeats: int) -> dict[str, Any]:
     try:
-        return aggregate([getattr(system, method)(wl) for _ in range(repeats)])
+        return aggregate([on_own_thread(getattr(system, method), wl) for _ in range(repeats)])
     except Skipped as exc:
         return {"skipped": str(exc)}
     except Exception as exc:
@@ -154,7 +154,7 @@ def w1_agreement(a: dict, b: dict, hf_model: Any) -> tuple[float | None, list[di
                     "conversation": c,
                     "turn": t,
                     "token": i,
-                    "hf_top2_margin": top2_margin(hf_model, xa, oa[:i]),
+                    "hf_top2_margin": on_own_thread(top2_margin, hf_model, xa, oa[:i]),
                 }
             )
     return (agreed / compared if compared else None), diffs
@@ -292,7 +292,7 @@ def build_systems(args: argparse.Namespace, workloads: list[str]) -> dict[str, A
     from bench.sgl_engine import SglLite
 
     sgl = SglLite(args.num_threads)
-    model = load_hf_model(sgl.engine.model_folder)
+    model = on_own_thread(load_hf_model, sgl.engine.model_folder)
     systems: dict[str, Any] = {
         "sgl_lite": sgl,
         "hf_model": model,
@@ -328,7 +328,7 @@ def build_systems(args: argparse.Namespace, workloads: list[str]) -> dict[str, A
             systems["sgl_lite_dsl"] = str(exc)
     for system in systems.values():
         if hasattr(system, "warmup"):
-            system.warmup()
+            on_own_thread(system.warmup)
     return systems
 
 

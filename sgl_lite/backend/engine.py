@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -33,6 +32,7 @@ from sgl_lite.backend.engine_info import engine_info
 from sgl_lite.backend.engine_setup import build_config, configure_logging, eos_token_ids, load_model
 from sgl_lite.backend.errors import EngineError, InvalidRequest
 from sgl_lite.backend.kv_pool import KVPool
+from sgl_lite.backend.loop_thread import LoopThread
 from sgl_lite.backend.mask_prefetch import MaskPrefetcher, mask_failure
 from sgl_lite.backend.model_runner import ForwardOutput, Segment
 from sgl_lite.backend.output_processor import OutputProcessor
@@ -85,11 +85,9 @@ class Engine:
         self._stopped = False
         # The loop thread loads the model itself: all of the engine's tensor work then runs on
         # one thread and so in one OpenMP team (see omp_threads). A load failure comes back here.
+        self._worker = LoopThread(self._loop, "sgl_lite-engine")
         ready: Future[None] = Future()
-        self._thread = threading.Thread(
-            target=self._loop, args=(runner, tokenizer, ready), name="sgl_lite-engine", daemon=True
-        )
-        self._thread.start()
+        self._post("setup", (runner, tokenizer, ready))
         ready.result()
         logger.info(
             "sgl_lite engine: model=%s device=%s dtype=%s threads=%d kv_pool=%d tokens (%.1f MB) "
@@ -127,7 +125,7 @@ class Engine:
         groups, batched = self.builder.build(**generate_args(**request))
         reqs = [r for group in groups for r in group]
         self.admission.admit([r.rid for r in reqs], timeout)
-        self._inbox.put(("add", (reqs, sink)))
+        self._post("add", (reqs, sink))
         return Submission(
             tuple(r.rid for r in reqs), tuple(tuple(r.rid for r in g) for g in groups), batched
         )
@@ -183,7 +181,7 @@ class Engine:
 
     def abort(self, rid: str) -> None:
         """Aborts a request by id; its slots are freed and its caller gets finish_reason abort."""
-        self._inbox.put(("abort", rid))
+        self._post("abort", rid)
 
     def abort_all(self, message: str) -> int:
         """Aborts every queued and running request with `message`; returns how many."""
@@ -210,10 +208,10 @@ class Engine:
         self._call(lambda: self.cache.check_integrity(self.scheduler.running))
 
     def shutdown(self) -> None:
-        """Stops the loop thread; pending requests are aborted."""
+        """Stops the engine; pending requests are aborted."""
         if not self._stopped:
-            self._inbox.put(("stop", None))
-            self._thread.join(timeout=30)
+            self._post("stop", None)
+            self._worker.join(timeout=30)
 
     def __enter__(self) -> Engine:
         return self
@@ -223,11 +221,16 @@ class Engine:
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         reply: queue.SimpleQueue = queue.SimpleQueue()
-        self._inbox.put(("call", (fn, reply)))
+        self._post("call", (fn, reply))
         ok, value = reply.get()
         if not ok:
             raise value
         return value
+
+    def _post(self, kind: str, payload: Any) -> None:
+        """Queues a message for the loop, starting its thread if the engine was idle."""
+        self._inbox.put((kind, payload))
+        self._worker.wake()
 
     # --- loop thread ------------------------------------------------------------------------
     def _setup(self, runner: Runner | None, tokenizer: Any) -> None:
@@ -251,22 +254,18 @@ class Engine:
         )
         self.admission = Admission(config.max_queued_requests, config.request_timeout)
 
-    def _loop(self, runner: Runner | None, tokenizer: Any, ready: Future[None]) -> None:
-        torch.set_grad_enabled(False)
-        try:
-            self._setup(runner, tokenizer)
-        except BaseException as exc:
-            self._stopped = True
-            ready.set_exception(exc)
-            return
-        ready.set_result(None)
-        idle = True
+    def _loop(self) -> None:
+        """Runs steps while there is work, and returns once idle (`LoopThread` restarts it)."""
+        torch.set_grad_enabled(False)  # per thread, like the OpenMP team
+        idle = False
         while not self._stopped:
             # Block for new input only when the last step had nothing to run (e.g. every
             # waiting request is still compiling its grammar), so the loop never spins.
-            self._drain_inbox(block=idle)
+            handled = self._drain_inbox(block=idle)
             if self._stopped:
                 break
+            if idle and not handled and not self._reqs and self._worker.retire(self._inbox.empty):
+                return  # nothing queued, compiling or running: the thread and its team end
             self._poll_grammars()
             for rid, seconds in self.admission.expired():
                 if (req := self._reqs.get(rid)) is not None:
@@ -281,6 +280,8 @@ class Engine:
                         self._publish(req)
                     elif req in self.scheduler.running:
                         self._abort(req, FinishReason.abort(str(error), error))
+        if getattr(self, "scheduler", None) is None:  # the model never loaded
+            return
         # Requests submitted while stopping are answered too: nobody waits on a dead loop.
         self._drain_inbox(block=False)
         error = EngineError("engine shut down")
@@ -293,20 +294,30 @@ class Engine:
             self._abort(req, reason)
         return len(reqs)
 
-    def _drain_inbox(self, block: bool) -> None:
+    def _drain_inbox(self, block: bool) -> bool:
+        """Handles every queued message (waiting up to 50 ms for one if `block`); True if any."""
         try:
             item = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
         except queue.Empty:
-            return
+            return False
         while True:
             self._handle(*item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                return True
 
     def _handle(self, kind: str, payload: Any) -> None:
-        if kind == "add":
+        if kind == "setup":
+            runner, tokenizer, ready = payload
+            try:
+                self._setup(runner, tokenizer)
+            except BaseException as exc:
+                self._stopped = True
+                ready.set_exception(exc)
+            else:
+                ready.set_result(None)
+        elif kind == "add":
             reqs, sink = payload
             for req in reqs:
                 self._reqs[req.rid] = req
