@@ -1,8 +1,9 @@
 """Engine: the in-process inference engine, with SGLang's `Engine.generate` API.
 
-Callers on any thread submit requests with a sink for their outputs; one loop thread owns the
-model, the KV pool, the radix tree and the scheduler, and runs `step()` (schedule → forward →
-sample → process) while work remains, then publishes each request's `ReqOutput` to its sink.
+Callers on any thread submit requests with a sink for their outputs; one loop thread loads and
+owns the model, the KV pool, the radix tree and the scheduler, runs `step()` (schedule → forward
+→ sample → process) while work remains, publishes each request's `ReqOutput` to its sink, and
+ends when idle (loop_thread; omp_threads says why an idle engine must hold no OpenMP team).
 Requests submitted together land in the same batches. Bad input is rejected in the caller's
 thread with an `InvalidRequest`, before anything reaches the loop. Result dicts are built on the
 caller's side (`outputs.ResultBuilder`), never on the loop thread.
@@ -17,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
@@ -27,7 +27,6 @@ import torch
 from sgl_lite.backend.admission import Admission
 from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.detokenizer import IncrementalDetokenizer
 from sgl_lite.backend.engine_info import engine_info
 from sgl_lite.backend.engine_setup import build_config, configure_logging, eos_token_ids, load_model
 from sgl_lite.backend.errors import EngineError, InvalidRequest
@@ -256,7 +255,10 @@ class Engine:
 
     def _loop(self) -> None:
         """Runs steps while there is work, and returns once idle (`LoopThread` restarts it)."""
-        torch.set_grad_enabled(False)  # per thread, like the OpenMP team
+        torch.set_grad_enabled(False)  # per thread, like the OpenMP team and the CUDA device
+        device = getattr(getattr(self, "runner", None), "device", None)
+        if isinstance(device, torch.device) and device.type == "cuda":
+            torch.cuda.set_device(device)
         idle = False
         while not self._stopped:
             # Block for new input only when the last step had nothing to run (e.g. every
@@ -382,38 +384,11 @@ class Engine:
         self.outputs.detokenizer(req).finish(req.output_ids, None)
         self._publish(req)
 
-    @staticmethod
-    def _constraint_meta(req: Req, detok: IncrementalDetokenizer) -> dict[str, Any] | None:
-        """A finished constrained output checked against its constraint, once, at the end."""
-        reason = req.finish_reason
-        if req.guide is None or reason is None or reason.type == "abort":
-            return None
-        return req.guide.meta_info(detok.text)
-
     def _publish(self, req: Req) -> None:
         """Hands the request's progress since its last output to its sink; never after its last."""
         if self._reqs.get(req.rid) is not req:  # its final output went out (a failed mask)
             return
-        now = time.perf_counter()
-        if req.finish_reason is not None:
-            req.finished_at = req.finished_at or now
-        detok = self.outputs.detokenizer(req)
-        start = req.ids_sent
-        req.ids_sent = len(req.output_ids)
-        out = ReqOutput(
-            rid=req.rid,
-            text=detok.take(),
-            output_ids=tuple(req.output_ids[start:]),
-            ids_start=start,
-            prompt_tokens=len(req.input_ids),
-            completion_tokens=len(req.output_ids),
-            cached_tokens=req.cached_tokens,
-            forced_tokens=req.forced_tokens,
-            e2e_latency=(req.finished_at or now) - req.created_at,
-            finish_reason=req.finish_reason,
-            logprobs=None if req.logprobs is None else req.logprobs.take(),
-            constraint=self._constraint_meta(req, detok),
-        )
+        out = self.outputs.progress(req)
         final = req.finish_reason is not None
         sink = self._sinks.pop(req.rid, None) if final else self._sinks.get(req.rid)
         if final:

@@ -15,7 +15,7 @@ from typing import Any
 from sgl_lite.backend.constrained.grammar_guide import BackendGuide
 from sgl_lite.backend.detokenizer import IncrementalDetokenizer
 from sgl_lite.backend.logprobs import TokenLogprobs
-from sgl_lite.backend.outputs import FinishReason
+from sgl_lite.backend.outputs import FinishReason, ReqOutput
 from sgl_lite.backend.request import Req
 from sgl_lite.backend.sampler import Sample
 
@@ -40,6 +40,30 @@ class OutputProcessor:
             self.detokenizer(req).finish(req.output_ids, None)
             return None
         return self._append(req, sample.token, sample)
+
+    def progress(self, req: Req) -> ReqOutput:
+        """The request's output since its last one (text, ids, counts; the constraint check on
+        its final one); stamps `finished_at` on a finished request."""
+        now = time.perf_counter()
+        if req.finish_reason is not None:
+            req.finished_at = req.finished_at or now
+        detok = self.detokenizer(req)
+        start = req.ids_sent
+        req.ids_sent = len(req.output_ids)
+        return ReqOutput(
+            rid=req.rid,
+            text=detok.take(),
+            output_ids=tuple(req.output_ids[start:]),
+            ids_start=start,
+            prompt_tokens=len(req.input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            forced_tokens=req.forced_tokens,
+            e2e_latency=(req.finished_at or now) - req.created_at,
+            finish_reason=req.finish_reason,
+            logprobs=None if req.logprobs is None else req.logprobs.take(),
+            constraint=_constraint_meta(req, detok),
+        )
 
     def detokenizer(self, req: Req) -> IncrementalDetokenizer:
         """The request's detokenizer (made on first use)."""
@@ -129,3 +153,11 @@ class OutputProcessor:
         req.ids_sent = min(req.ids_sent, plan.keep)
         req.forced_tokens += len(req.output_ids) - before
         return kept_kv if kept_kv < req.kv_len else None
+
+
+def _constraint_meta(req: Req, detok: IncrementalDetokenizer) -> dict[str, Any] | None:
+    """A finished constrained output checked against its constraint, once, at the end."""
+    reason = req.finish_reason
+    if req.guide is None or reason is None or reason.type == "abort":
+        return None
+    return req.guide.meta_info(detok.text)

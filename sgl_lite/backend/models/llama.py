@@ -31,7 +31,7 @@ from sgl_lite.backend.models.rope import (  # noqa: F401  (re-exported: the publ
     rotary_dim_of,
 )
 from sgl_lite.backend.models.spec import LLAMA, DecoderSpec
-from sgl_lite.backend.weights.linear import Linear
+from sgl_lite.backend.weights.linear import Linear, dense_linear
 from sgl_lite.backend.weights.quant import PackedWeight
 
 
@@ -334,7 +334,7 @@ class LlamaForCausalLM(nn.Module):
             logits = self.head_packed.matmul(hidden.to(torch.bfloat16)).float()
         else:
             weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-            logits = F.linear(hidden, weight).float()
+            logits = dense_linear(hidden, weight).float()
         return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 
     def weight_plan(self, names: set[str]) -> dict[str, WeightSource]:
