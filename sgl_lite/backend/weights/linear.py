@@ -8,7 +8,6 @@ from torch import nn
 
 from sgl_lite.backend.weights.quant import PackedWeight
 
-
 # Up to this many rows (decode batches, short chunks) `dense_linear` takes the transposed product.
 FEW_ROWS = 64
 
