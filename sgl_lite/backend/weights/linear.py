@@ -26,10 +26,8 @@ def dense_linear(
     few = x.dim() == 2 and x.shape[0] <= FEW_ROWS
     if not few or weight.device.type != "cpu" or weight.dtype is not torch.float32:
         return F.linear(x, weight, bias)
-    if bias is None:
-        out = torch.mm(weight, x.t())
-    else:
-        out = torch.addmm(bias.unsqueeze(1), weight, x.t())
+    xt = x.t()
+    out = torch.mm(weight, xt) if bias is None else torch.addmm(bias.unsqueeze(1), weight, xt)
     return out.t().contiguous()
 
 
