@@ -146,3 +146,26 @@ def build_tiny_tokenizer() -> Any:
 def tiny_tokenizer():
     """`build_tiny_tokenizer()`, built once per session."""
     return build_tiny_tokenizer()
+
+
+# A tiny random Llama whose vocabulary holds the tiny tokenizer's ids.
+TINY_LLAMA = dict(
+    vocab_size=384,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+
+
+@pytest.fixture
+def tiny_llama_folder(tmp_path, tiny_tokenizer):
+    """A loadable model folder: TINY_LLAMA's config, random weights (seed 0), the tiny tokenizer."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA)).save_pretrained(tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    return tmp_path

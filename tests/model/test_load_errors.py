@@ -15,27 +15,16 @@ from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.model_loader import ModelLoadError
 from sgl_lite.backend.model_runner import ModelRunner
 from sgl_lite.backend.models import SUPPORTED_MODEL_TYPES
-from tests.conftest import NUM_THREADS
+from tests.conftest import NUM_THREADS, TINY_LLAMA
 
-TINY = dict(
-    vocab_size=384,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-)
+TINY = TINY_LLAMA
 WEIGHTS = "model.safetensors"
 
 
 @pytest.fixture
-def folder(tmp_path, tiny_tokenizer):
+def folder(tiny_llama_folder):
     """A loadable tiny Llama folder (config, weights, tokenizer) for each test to damage."""
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(LlamaConfig(**TINY)).save_pretrained(tmp_path)
-    tiny_tokenizer.save_pretrained(tmp_path)
-    return tmp_path
+    return tiny_llama_folder
 
 
 def load(folder) -> ModelRunner:

@@ -10,25 +10,12 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.omp_threads import use_one_omp_thread
 from tests.conftest import NUM_THREADS
-
-TINY = dict(
-    vocab_size=384,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-)
-
 
 # Allocations run no kernel, so no parallel region (small request tensors are built this way).
 ALLOCATIONS = {"aten.empty.memory_format", "aten.empty_strided.default"}
@@ -48,17 +35,9 @@ class OpsOnThisThread(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.fixture
-def folder(tmp_path, tiny_tokenizer):
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(LlamaConfig(**TINY)).save_pretrained(tmp_path)
-    tiny_tokenizer.save_pretrained(tmp_path)
-    return tmp_path
-
-
-def test_the_caller_thread_runs_no_tensor_op_to_load_or_generate(folder):
+def test_the_caller_thread_runs_no_tensor_op_to_load_or_generate(tiny_llama_folder):
     with OpsOnThisThread() as mode:
-        engine = Engine(str(folder), num_threads=NUM_THREADS, max_total_tokens=256)
+        engine = Engine(str(tiny_llama_folder), num_threads=NUM_THREADS, max_total_tokens=256)
         try:
             out = engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4})
         finally:
