@@ -2,8 +2,10 @@
 
 Attention reads each request's whole K/V, scattered over pool slots. Gathering it costs a copy of
 the whole prefix per layer per step; in a run of decode steps over the same requests only one
-new row per request changes. `DecodeKV` keeps, per layer, a (B, capacity) copy of the batch's
-K/V: a step that extends exactly the previous step's rows by one token appends that token's K/V
+new row per request changes. `DecodeKV` keeps, per layer, a (B, Hkv, capacity, D) copy of the
+batch's K/V, the layout attention reads fastest (SDPA over it: 1.14 ms against 1.76 ms for the
+same K/V as a transposed (B, capacity, Hkv, D) view, 8 rows of 900 positions): a step that
+extends exactly the previous step's rows by one token appends that token's K/V
 (the values the layer has just written to the pool); any other pass starts a fresh copy. The
 pool stays the only owner of KV data; this is a cache of reads, exact by construction (a slot's
 K/V never changes while the request that owns it runs).
@@ -30,14 +32,15 @@ ROUND = 64  # capacity grows in steps of this many positions (a fresh gather eac
 
 @dataclass(frozen=True)
 class KVView:
-    """This pass's use of the copies: `fresh` fills rows [0, end) from the pool, else only the
-    new token of each row is appended at `new_index` (flat row b * capacity + end_b - 1)."""
+    """This pass's use of the copies: `fresh` fills positions [0, end) from the pool, else only
+    the new token of each row is appended at `new_index`: for row b and KV head h the flat
+    position (b * Hkv + h) * capacity + end_b - 1 of the copy seen as (B * Hkv * capacity, D)."""
 
-    k: list[torch.Tensor]  # per layer (B * capacity, Hkv, D)
+    k: list[torch.Tensor]  # per layer (B, Hkv, capacity, D)
     v: list[torch.Tensor]
     capacity: int
     fresh: bool
-    new_index: torch.Tensor  # (B,)
+    new_index: torch.Tensor  # (B * Hkv,)
 
 
 class DecodeKV:
@@ -80,12 +83,19 @@ class DecodeKV:
                 for s, p in zip(segments, prev)
             )
         )
+        heads = pool.num_kv_heads
         if (batch, capacity) != self._shape:
-            shape = (batch * capacity, pool.num_kv_heads, pool.head_dim)
+            shape = (batch, heads, capacity, pool.head_dim)
             make = lambda: torch.zeros(shape, dtype=self.dtype, device=pool.device)  # noqa: E731
             self._k = [make() for _ in range(pool.num_layers)]
             self._v = [make() for _ in range(pool.num_layers)]
             self._shape = (batch, capacity)
         self._rows = [s.kv_slots for s in segments]
-        new_index = torch.tensor([b * capacity + s.end - 1 for b, s in enumerate(segments)])
+        new_index = torch.tensor(
+            [
+                (b * heads + h) * capacity + s.end - 1
+                for b, s in enumerate(segments)
+                for h in range(heads)
+            ]
+        )
         return KVView(self._k, self._v, capacity, fresh, new_index.to(pool.device))

@@ -182,15 +182,17 @@ class Attention(nn.Module):
             keys = pool.k_layers[layer].index_select(0, group.kv_flat).view(shape)
             values = pool.v_layers[layer].index_select(0, group.kv_flat).view(shape)
             return keys.transpose(1, 2), values.transpose(1, 2)
-        full = (batch, view.capacity, self.num_kv_heads, self.head_dim)
-        keys, values = view.k[layer].view(full), view.v[layer].view(full)
+        keys, values = view.k[layer], view.v[layer]  # (B, Hkv, capacity, D)
         if view.fresh:
-            keys[:, :max_k] = pool.k_layers[layer].index_select(0, group.kv_flat).view(shape)
-            values[:, :max_k] = pool.v_layers[layer].index_select(0, group.kv_flat).view(shape)
+            gathered = pool.k_layers[layer].index_select(0, group.kv_flat).view(shape)
+            keys[:, :, :max_k] = gathered.transpose(1, 2)
+            gathered = pool.v_layers[layer].index_select(0, group.kv_flat).view(shape)
+            values[:, :, :max_k] = gathered.transpose(1, 2)
         else:  # the previous step's rows plus this step's token, which the pool has too
-            view.k[layer].index_copy_(0, view.new_index, k_new.to(keys.dtype))
-            view.v[layer].index_copy_(0, view.new_index, v_new.to(values.dtype))
-        return keys[:, :max_k].transpose(1, 2), values[:, :max_k].transpose(1, 2)
+            rows = (-1, self.head_dim)
+            keys.view(rows).index_copy_(0, view.new_index, k_new.reshape(rows).to(keys.dtype))
+            values.view(rows).index_copy_(0, view.new_index, v_new.reshape(rows).to(values.dtype))
+        return keys[:, :, :max_k], values[:, :, :max_k]
 
 
 class MLP(nn.Module):
