@@ -10,16 +10,9 @@ from sgl_lite.backend.decode_graphs import DecodeGraphs
 from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.model_runner import ModelRunner, Segment
 from sgl_lite.backend.models.llama import LlamaForCausalLM, head_dim_of
+from tests.conftest import TINY_LLAMA
 
-CONFIG = LlamaConfig(
-    vocab_size=211,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-)
+CONFIG = LlamaConfig(**{**TINY_LLAMA, "vocab_size": 211})
 
 
 def _runner() -> ModelRunner:

@@ -54,15 +54,19 @@ def test_the_recorder_sees_ops_on_its_own_thread():
 
 
 def test_a_helper_thread_can_drop_to_one_omp_thread_without_touching_others():
-    torch.set_num_threads(2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # so that the helper's 1 differs from the process-wide count
     seen: list[int] = []
 
     def helper() -> None:
         use_one_omp_thread()
         seen.append(torch.get_num_threads())
 
-    thread = threading.Thread(target=helper)
-    thread.start()
-    thread.join()
-    assert seen == [1]
-    assert torch.get_num_threads() == 2
+    try:
+        thread = threading.Thread(target=helper)
+        thread.start()
+        thread.join()
+        assert seen == [1]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)  # the suite's thread count, for the tests after this one

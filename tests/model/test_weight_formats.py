@@ -19,6 +19,7 @@ from sgl_lite.backend.weights.cpu import cpu_caps, rows_invariant
 from sgl_lite.backend.weights.formats import resolve_format
 from sgl_lite.backend.weights.gguf_tensors import _decode_blocks, read_quantized
 from sgl_lite.backend.weights.packing import pack_model
+from tests.conftest import TINY_LLAMA
 
 # A fixed natural text for perplexity (no repetition, so the figure means something).
 PPL_TEXT = (
@@ -158,16 +159,7 @@ def test_auto_picks_dense_bf16_only_where_the_cpu_has_a_bf16_gemm():
 class _TinyRunner:
     """A random tiny Llama in float32 and packed `kind`, driven like the engine drives it."""
 
-    CONFIG = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )
+    CONFIG = LlamaConfig(**{**TINY_LLAMA, "vocab_size": 256, "tie_word_embeddings": True})
 
     def __init__(self, kind: str | None) -> None:
         torch.manual_seed(0)
