@@ -8,6 +8,7 @@ Implementations: `EngineBackend` (in-process), `RuntimeEndpoint` (HTTP, SGLang's
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -69,14 +70,14 @@ class GenResult(NamedTuple):
     meta_info: dict[str, Any]
 
 
-class Backend:
+class Backend(ABC):
     """Base class of the frontend's backends (the protocol, with defaults where one exists)."""
 
     chat_template: ChatTemplate
 
+    @abstractmethod
     def generate(self, prompt: Prompt, request: GenRequest) -> GenResult:
         """Continues `prompt.text`; returns the new text (stop strings trimmed) and meta_info."""
-        raise NotImplementedError
 
     def generate_stream(self, prompt: Prompt, request: GenRequest) -> Iterator[GenResult]:
         """Like `generate`, yielding results with the cumulative text; the last has full meta."""
@@ -88,7 +89,7 @@ class Backend:
         """Scores every choice as a continuation of `prompt.text` and lets `method` decide."""
         raise NotImplementedError(f"{type(self).__name__} does not support select")
 
-    def cache_prefix(self, text: str) -> None:
+    def cache_prefix(self, text: str) -> None:  # noqa: B027 - a no-op by default
         """Prefills `text` so later requests that start with it hit the prefix cache."""
 
     def flush_cache(self) -> bool:
@@ -99,5 +100,5 @@ class Backend:
         """What the backend reports about itself (cache hit rate, config, ...)."""
         return {}
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - a no-op by default
         """Releases the backend's engine or connection."""
