@@ -116,21 +116,29 @@ class DecodeGraphs:
         buf.logits[:batch].copy_(model.compute_logits(hidden, meta.use_int))
 
     def _capture_all(self) -> None:
-        mempool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        for keys in sorted(self.buckets, reverse=True):
-            for batch in BATCH_SIZES:
-                # Warm up on a side stream first (cuBLAS handles, allocator), as PyTorch advises.
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    for _ in range(2):
+        # On the engine's device explicitly: the streams and the pool would otherwise sit on
+        # the thread's current device, which a loop thread does not choose.
+        with torch.cuda.device(self.runner.device):
+            mempool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream()
+            for keys in sorted(self.buckets, reverse=True):
+                for batch in BATCH_SIZES:
+                    # Warm up on the capture stream first (cuBLAS handles, allocator), as
+                    # PyTorch advises.
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        for _ in range(2):
+                            self._step(batch, keys)
+                    torch.cuda.current_stream().wait_stream(stream)
+                    graph = torch.cuda.CUDAGraph()
+                    # thread_local: CUDA work of another thread (a second engine) during the
+                    # capture neither joins nor invalidates it.
+                    with torch.cuda.graph(
+                        graph, pool=mempool, stream=stream, capture_error_mode="thread_local"
+                    ):
                         self._step(batch, keys)
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=mempool):
-                    self._step(batch, keys)
-                self.graphs[(batch, keys)] = graph
-        torch.cuda.synchronize()
+                    self.graphs[(batch, keys)] = graph
+            torch.cuda.synchronize()
 
     def _fits(self, segments: list[Segment]) -> tuple[int, int] | None:
         if not segments or len(segments) > max(BATCH_SIZES):

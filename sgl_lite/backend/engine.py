@@ -258,7 +258,11 @@ class Engine:
         torch.set_grad_enabled(False)  # per thread, like the OpenMP team and the CUDA device
         device = getattr(getattr(self, "runner", None), "device", None)
         if isinstance(device, torch.device) and device.type == "cuda":
-            torch.cuda.set_device(device)
+            try:
+                torch.cuda.set_device(device)
+            except Exception:  # every later thread would fail alike: stop, answering everyone
+                logger.exception("engine loop thread cannot use %s; the engine stops", device)
+                self._stopped = True
         idle = False
         while not self._stopped:
             # Block for new input only when the last step had nothing to run (e.g. every

@@ -12,9 +12,10 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
+from torch import nn
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.decode_graphs import DecodeGraphs
@@ -32,12 +33,15 @@ from sgl_lite.backend.models.llama import (
     AttentionGroup,
     AttentionMetadata,
     LlamaForCausalLM,
+    RotaryEmbedding,
     head_dim_of,
 )
 from sgl_lite.backend.weights.cpu import cpu_caps, rows_invariant, time_packed
 from sgl_lite.backend.weights.formats import WeightFormat, resolve_dense_dtype, resolve_format
 from sgl_lite.backend.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.weights.packing import pack_model, shape_problem
+
+ModelT = TypeVar("ModelT", bound=nn.Module)
 
 logger = logging.getLogger("sgl_lite")
 
@@ -93,11 +97,10 @@ class ModelRunner:
         except ModelLoadError as exc:  # it names the tensor; add the folder
             raise ModelLoadError(f"{model_folder}: {exc}") from exc
         self.format, pack_note = self._pack(model, model_folder, config)
-        self.model = model.to(device=self.device, dtype=self.format.dense_dtype).eval()
+        self.model = _placed(model, self.device, self.format.dense_dtype).eval()
         for module in self.model.modules():
             if isinstance(module, Attention):
                 module.attn_dtype = self.format.attn_dtype
-        self.model.rope.to(torch.float32)  # position tables stay exact whatever the weight dtype
         self.vocab_size = self.hf_config.vocab_size
         self.pool = KVPool(
             num_layers=self.hf_config.num_hidden_layers,
@@ -292,6 +295,21 @@ class ModelRunner:
         )
 
 
+def _placed(model: ModelT, device: torch.device, dtype: torch.dtype) -> ModelT:
+    """`model` on `device` with its weights in `dtype`; RoPE tables stay float32.
+
+    The tables are looked up once per pass and cast to the activations' dtype there; had they
+    gone through `dtype` here, a float16 model would get bf16-rounded positions (a float32 →
+    bf16 → float32 round trip cannot restore the bits).
+    """
+    ropes = [m for m in model.modules() if isinstance(m, RotaryEmbedding)]
+    tables = [(m.cos, m.sin) for m in ropes]
+    model.to(device=device, dtype=dtype)
+    for rope, (cos, sin) in zip(ropes, tables):
+        rope.cos, rope.sin = cos.to(device), sin.to(device)
+    return model
+
+
 def _checked_device(device: str) -> torch.device:
     """The torch device, or a clear error when the machine does not have it."""
     dev = torch.device(device)
@@ -302,4 +320,14 @@ def _checked_device(device: str) -> torch.device:
         )
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or cuda, got {device!r}")
+    if dev.type == "cuda":
+        # Always with an index: `torch.cuda.set_device` (each loop thread calls it) refuses a
+        # bare "cuda", and the engine's tensors must all live on the one device it names.
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+        if index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA "
+                f"device(s): use cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+            )
+        dev = torch.device("cuda", index)
     return dev

@@ -142,6 +142,32 @@ def test_cuda_requested_without_cuda_is_a_clear_error(smollm_folder):
         ModelRunner(smollm_folder, EngineConfig(device="cuda", max_total_tokens=64))
 
 
+def test_a_cuda_device_always_gets_an_index_and_a_missing_one_is_named(monkeypatch):
+    """`torch.cuda.set_device`, which each loop thread calls, refuses a bare "cuda"."""
+    from sgl_lite.backend import model_runner
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert model_runner._checked_device("cuda") == torch.device("cuda", 1)
+    assert model_runner._checked_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match="2 CUDA device.*cuda:0 to cuda:1"):
+        model_runner._checked_device("cuda:2")
+    assert model_runner._checked_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_rope_tables_stay_exact_float32_whatever_the_weight_dtype(tiny_llama_folder, dtype):
+    from sgl_lite.backend.models.rope import RotaryEmbedding
+
+    runner = ModelRunner(tiny_llama_folder, EngineConfig(dtype=dtype, max_total_tokens=64))
+    assert runner.model.embed_tokens.weight.dtype == getattr(torch, dtype)
+    rope, config = runner.model.rope, runner.hf_config
+    exact = RotaryEmbedding(config, head_dim_of(config), runner.context_length)
+    assert rope.cos.dtype == rope.sin.dtype == torch.float32
+    assert torch.equal(rope.cos, exact.cos) and torch.equal(rope.sin, exact.sin)
+
+
 def test_auto_picks_dense_bf16_only_where_the_cpu_has_a_bf16_gemm():
     caps = cpu_caps()
     fmt = resolve_format(dtype="auto", quantization="none", device="cpu", caps=caps, file_kind=None)

@@ -94,3 +94,27 @@ def test_waking_a_running_loop_starts_no_second_thread():
     worker.wake()  # ended without retiring (as a stopped loop does): a wake starts it anew
     worker.join(5)
     assert runs == [1, 1]
+
+
+def test_a_loop_thread_that_cannot_take_its_device_stops_the_engine_and_answers_the_caller():
+    """A restarted thread sets the CUDA device first; when that fails (here: no CUDA at all),
+    the engine stops and the waiting call gets its abort instead of waiting forever."""
+    import torch
+
+    runner = FakeRunner(256)
+    engine = make(runner)
+    try:
+        wait_idle(engine)
+        runner.device = torch.device("cuda", 0)  # the next thread must select it, and cannot
+        answer: list = []
+        call = lambda: answer.append(engine.generate(input_ids=[1, 2], sampling_params=GREEDY))  # noqa: E731
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        caller.join(timeout=10)
+        assert not caller.is_alive(), "the call never returned"
+        reason = answer[0]["meta_info"]["finish_reason"]
+        assert reason["type"] == "abort" and "shut down" in reason["message"], reason
+        with pytest.raises(EngineError, match="shut down"):
+            engine.generate(input_ids=[1, 2, 3], sampling_params=GREEDY)
+    finally:
+        engine.shutdown()
