@@ -28,7 +28,13 @@ from sgl_lite.backend.admission import Admission
 from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine_info import engine_info
-from sgl_lite.backend.engine_setup import build_config, configure_logging, eos_token_ids, load_model
+from sgl_lite.backend.engine_setup import (
+    build_config,
+    configure_logging,
+    eos_token_ids,
+    load_model,
+    prepare_loop_thread,
+)
 from sgl_lite.backend.errors import EngineError, InvalidRequest
 from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.loop_thread import LoopThread
@@ -255,14 +261,9 @@ class Engine:
 
     def _loop(self) -> None:
         """Runs steps while there is work, and returns once idle (`LoopThread` restarts it)."""
-        torch.set_grad_enabled(False)  # per thread, like the OpenMP team and the CUDA device
-        device = getattr(getattr(self, "runner", None), "device", None)
-        if isinstance(device, torch.device) and device.type == "cuda":
-            try:
-                torch.cuda.set_device(device)
-            except Exception:  # every later thread would fail alike: stop, answering everyone
-                logger.exception("engine loop thread cannot use %s; the engine stops", device)
-                self._stopped = True
+        # Grad mode and the CUDA device are per thread, like the OpenMP team.
+        if not prepare_loop_thread(getattr(self, "runner", None)):
+            self._stopped = True  # every later thread would fail alike: stop, answering all
         idle = False
         while not self._stopped:
             # Block for new input only when the last step had nothing to run (e.g. every
@@ -343,19 +344,9 @@ class Engine:
             self._stopped = True
 
     def _poll_grammars(self) -> None:
-        for req in list(self.scheduler.waiting):
-            future = req.grammar_future
-            if future is None or req.guide is not None or not future.done():
-                continue
-            try:
-                params = req.sampling_params  # budget + constraint: see constrained/guide.py
-                req.guide = future.result().new_guide(
-                    max_new_tokens=params.max_new_tokens, constraint=params.constraint
-                )
-            except Exception as exc:  # failed to compile, timed out or budget too small
-                kind = (req.sampling_params.constraint or ("regex", ""))[0]
-                error = InvalidRequest(kind, str(exc))
-                self._abort(req, FinishReason.abort(str(exc), error))
+        for req, exc in self.scheduler.attach_grammars():
+            kind = (req.sampling_params.constraint or ("regex", ""))[0]
+            self._abort(req, FinishReason.abort(str(exc), InvalidRequest(kind, str(exc))))
 
     def step(self) -> list[Req] | None:
         """One scheduling step: schedule → forward → sample → process, then publish.

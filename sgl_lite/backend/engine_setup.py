@@ -1,7 +1,9 @@
-"""Engine start-up: the config from the caller's arguments, our logger, and the model and
-tokenizer the engine runs (unless the caller hands in its own, as the unit tests do).
+"""Engine start-up: the config from the caller's arguments, our logger, the model and
+tokenizer the engine runs (unless the caller hands in its own, as the unit tests do), and the
+per-thread state each loop thread sets first.
 
-Nothing here runs on the loop thread; it all happens once, in `Engine.__init__`.
+`load_model` runs once, on the engine's first loop thread (`Engine.__init__` waits for it);
+`prepare_loop_thread` at the start of every loop thread (they end when idle: loop_thread).
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from sgl_lite.backend.config import EngineConfig
 
@@ -65,3 +69,17 @@ def eos_token_ids(runner: Any, tokenizer: Any) -> set[int]:
     if getattr(tokenizer, "eos_token_id", None) is not None:
         eos.add(tokenizer.eos_token_id)
     return eos
+
+
+def prepare_loop_thread(runner: Any) -> bool:
+    """Sets the per-thread state a new loop thread needs before its first step: no autograd,
+    and the runner's CUDA device. False (and logged) when the device cannot be taken."""
+    torch.set_grad_enabled(False)
+    device = getattr(runner, "device", None)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        try:
+            torch.cuda.set_device(device)
+        except Exception:
+            logger.exception("engine loop thread cannot use %s", device)
+            return False
+    return True

@@ -105,6 +105,25 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # --- one step -----------------------------------------------------------------------
+    def attach_grammars(self) -> list[tuple[Req, Exception]]:
+        """Gives each waiting request whose grammar has compiled its guide (budgeted by its
+        max_new_tokens: see constrained/guide.py); returns those whose compile failed, timed
+        out or whose budget is too small, with the error, for the engine to abort."""
+        failed = []
+        for req in self.waiting:
+            future = req.grammar_future
+            if future is None or req.guide is not None or not future.done():
+                continue
+            params = req.sampling_params
+            try:
+                grammar = future.result()
+                req.guide = grammar.new_guide(
+                    max_new_tokens=params.max_new_tokens, constraint=params.constraint
+                )
+            except Exception as exc:
+                failed.append((req, exc))
+        return failed
+
     def schedule(self) -> ScheduleBatch | None:
         """Picks the next batch: prefill when anything needs it, otherwise decode."""
         batch = self._prefill_batch()
