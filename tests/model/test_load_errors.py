@@ -17,7 +17,6 @@ from sgl_lite.backend.model_runner import ModelRunner
 from sgl_lite.backend.models import SUPPORTED_MODEL_TYPES
 from tests.conftest import NUM_THREADS, TINY_LLAMA
 
-TINY = TINY_LLAMA
 WEIGHTS = "model.safetensors"
 
 
@@ -125,9 +124,8 @@ def test_a_tensor_of_the_wrong_shape_is_named_with_both_shapes(folder):
 
 def test_weights_from_a_bigger_config_are_refused_through_the_engine(folder, tmp_path_factory):
     other = tmp_path_factory.mktemp("bigger")
-    AutoModelForCausalLM.from_config(LlamaConfig(**{**TINY, "hidden_size": 96})).save_pretrained(
-        other
-    )
+    bigger = LlamaConfig(**{**TINY_LLAMA, "hidden_size": 96})
+    AutoModelForCausalLM.from_config(bigger).save_pretrained(other)
     (folder / WEIGHTS).write_bytes((other / WEIGHTS).read_bytes())
     with pytest.raises(ModelLoadError, match="model.embed_tokens.weight|shape"):
         Engine(model_path=str(folder), num_threads=NUM_THREADS, max_total_tokens=256)

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
@@ -99,8 +100,6 @@ def test_waking_a_running_loop_starts_no_second_thread():
 def test_a_loop_thread_that_cannot_take_its_device_stops_the_engine_and_answers_the_caller():
     """A restarted thread sets the CUDA device first; when that fails (here: no CUDA at all),
     the engine stops and the waiting call gets its abort instead of waiting forever."""
-    import torch
-
     runner = FakeRunner(256)
     engine = make(runner)
     try:
