@@ -15,7 +15,7 @@ import torch
 
 from sgl_lite.backend.kv_pool import KVPool, check_slot_accounting
 from sgl_lite.backend.radix_cache import RadixCache
-from sgl_lite.backend.request import Req
+from sgl_lite.backend.types import Req
 
 EMPTY = torch.empty(0, dtype=torch.long)
 

@@ -24,7 +24,8 @@ import torch
 from sgl_lite.backend.models.llama import AttentionGroup, AttentionMetadata
 
 if TYPE_CHECKING:
-    from sgl_lite.backend.model_runner import ForwardOutput, ModelRunner, Segment
+    from sgl_lite.backend.model_runner import ModelRunner
+    from sgl_lite.backend.types import ForwardOutput, Segment
 
 logger = logging.getLogger("sgl_lite")
 
@@ -154,7 +155,7 @@ class DecodeGraphs:
 
     def run(self, segments: list[Segment]) -> ForwardOutput | None:
         """The step's logits from a graph replay, or None when no graph fits (run eagerly)."""
-        from sgl_lite.backend.model_runner import ForwardOutput
+        from sgl_lite.backend.types import ForwardOutput
 
         fit = self._fits(segments)
         if fit is None:

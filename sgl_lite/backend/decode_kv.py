@@ -20,7 +20,7 @@ import torch
 
 if TYPE_CHECKING:
     from sgl_lite.backend.kv_pool import KVPool
-    from sgl_lite.backend.model_runner import Segment
+    from sgl_lite.backend.types import Segment
 
 MAX_BATCH = 16  # the int-kernel decode batches; larger ones re-gather (their matmuls dominate)
 # The copies of all layers together. 16 rows of 256 positions in float64 (the int modes) take

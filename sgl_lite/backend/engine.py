@@ -39,20 +39,12 @@ from sgl_lite.backend.errors import EngineError, InvalidRequest
 from sgl_lite.backend.kv_pool import KVPool
 from sgl_lite.backend.loop_thread import LoopThread
 from sgl_lite.backend.mask_prefetch import MaskPrefetcher, mask_failure
-from sgl_lite.backend.model_runner import ForwardOutput, Segment
 from sgl_lite.backend.output_processor import OutputProcessor
-from sgl_lite.backend.outputs import (
-    AsyncChannel,
-    FinishReason,
-    OutputSink,
-    ReqOutput,
-    ResultCollector,
-    Submission,
-)
-from sgl_lite.backend.request import Req
+from sgl_lite.backend.outputs import AsyncChannel, ResultCollector, Submission
 from sgl_lite.backend.requests_builder import RequestBuilder, generate_args
 from sgl_lite.backend.sampler import Sampler
 from sgl_lite.backend.scheduler import Scheduler
+from sgl_lite.backend.types import FinishReason, ForwardOutput, OutputSink, Req, ReqOutput, Segment
 
 logger = logging.getLogger("sgl_lite")
 

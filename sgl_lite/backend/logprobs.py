@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from sgl_lite.backend.outputs import LogprobDelta, LogprobEntry, TopEntries
+from sgl_lite.backend.types import LogprobDelta, LogprobEntry, TopEntries
 
 if TYPE_CHECKING:
-    from sgl_lite.backend.model_runner import Segment
+    from sgl_lite.backend.types import Segment
 
 TokenText = Callable[[int], str | None]
 

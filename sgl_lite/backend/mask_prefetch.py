@@ -29,11 +29,10 @@ import torch
 
 from sgl_lite.backend.errors import EngineError
 from sgl_lite.backend.omp_threads import use_one_omp_thread
-from sgl_lite.backend.outputs import FinishReason
-from sgl_lite.backend.request import Req
+from sgl_lite.backend.types import FinishReason, Req
 
 if TYPE_CHECKING:
-    from sgl_lite.backend.scheduler import ScheduleBatch
+    from sgl_lite.backend.types import ScheduleBatch
 
 WORKER_NAME = "sgl_lite-masks"
 

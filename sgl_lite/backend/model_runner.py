@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -36,6 +35,7 @@ from sgl_lite.backend.models.llama import (
     RotaryEmbedding,
     head_dim_of,
 )
+from sgl_lite.backend.types import ForwardOutput, Segment
 from sgl_lite.backend.weights.cpu import cpu_caps, rows_invariant, time_packed
 from sgl_lite.backend.weights.formats import WeightFormat, resolve_dense_dtype, resolve_format
 from sgl_lite.backend.weights.gguf_tensors import read_quantized
@@ -44,33 +44,6 @@ from sgl_lite.backend.weights.packing import pack_model, shape_problem
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
 logger = logging.getLogger("sgl_lite")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Segment:
-    """One request's share of a forward pass."""
-
-    token_ids: list[int]  # new tokens whose K/V this pass computes
-    start: int  # absolute position of token_ids[0] (= tokens already in the pool)
-    kv_slots: torch.Tensor  # (start + len(token_ids),) slots of the whole sequence, new ones last
-    logits_from: int  # logits for token_ids[logits_from:] are returned; len(token_ids) for none
-
-    @property
-    def end(self) -> int:
-        """Position after the last new token."""
-        return self.start + len(self.token_ids)
-
-
-class ForwardOutput(NamedTuple):
-    """Logits rows of a pass: segment i owns rows `ranges[i]` of `logits` (R, vocab)."""
-
-    logits: torch.Tensor | None
-    ranges: list[tuple[int, int]]
-
-    def rows(self, i: int) -> torch.Tensor | None:
-        """Segment i's logits (n, vocab), or None if it asked for none."""
-        start, end = self.ranges[i]
-        return self.logits[start:end] if end > start else None
 
 
 class ModelRunner:

@@ -15,9 +15,7 @@ from typing import Any
 from sgl_lite.backend.constrained.grammar_guide import BackendGuide
 from sgl_lite.backend.detokenizer import IncrementalDetokenizer
 from sgl_lite.backend.logprobs import TokenLogprobs
-from sgl_lite.backend.outputs import FinishReason, ReqOutput
-from sgl_lite.backend.request import Req
-from sgl_lite.backend.sampler import Sample
+from sgl_lite.backend.types import FinishReason, Req, ReqOutput, Sample
 
 
 class OutputProcessor:

@@ -11,95 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
-from sgl_lite.backend.errors import InvalidRequest
-
-LogprobEntry = tuple[float | None, int, str | None]  # (logprob, token id, text or None)
-TopEntries = tuple[LogprobEntry, ...] | None
-
-
-@dataclass(frozen=True, kw_only=True)
-class FinishReason:
-    """Why a request ended: SGLang's `{"type": "stop" | "length" | "abort", …}` as data.
-
-    An abort carries the error that caused it (None when a client asked for the abort), so a
-    caller picks its answer from the error's type: an `InvalidRequest` (e.g. a grammar that
-    failed to compile) is the caller's fault, an `EngineError` the engine's.
-    """
-
-    type: Literal["stop", "length", "abort"]
-    matched: int | str | None = None  # stop: the token id or text that matched, None = grammar
-    length: int | None = None  # length: the max_new_tokens reached
-    message: str | None = None  # abort: what happened
-    error: Exception | None = field(default=None, compare=False)
-
-    @classmethod
-    def stop(cls, matched: int | str | None) -> FinishReason:
-        """Stopped by EOS, a stop token, a stop string or regex, or a finished grammar."""
-        return cls(type="stop", matched=matched)
-
-    @classmethod
-    def length_reached(cls, length: int) -> FinishReason:
-        """Stopped at max_new_tokens."""
-        return cls(type="length", length=length)
-
-    @classmethod
-    def abort(cls, message: str, error: Exception | None = None) -> FinishReason:
-        """Ended early: by the client (error None) or by `error`."""
-        return cls(type="abort", message=message, error=error)
-
-    @property
-    def is_invalid_request(self) -> bool:
-        """An abort that was the request's own fault (a 400 over HTTP)."""
-        return isinstance(self.error, InvalidRequest)
-
-    def to_dict(self) -> dict[str, Any]:
-        """SGLang's wire shape."""
-        if self.type == "stop":
-            return {"type": "stop", "matched": self.matched}
-        if self.type == "length":
-            return {"type": "length", "length": self.length}
-        return {"type": "abort", "message": self.message}
-
-
-@dataclass(frozen=True, kw_only=True)
-class LogprobDelta:
-    """Logprob entries new since the request's previous output; tops are None when unasked."""
-
-    input_tokens: tuple[LogprobEntry, ...] = ()
-    input_top: tuple[TopEntries, ...] | None = None
-    output_tokens: tuple[LogprobEntry, ...] = ()
-    output_top: tuple[TopEntries, ...] | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReqOutput:
-    """One request's progress since its previous output (the first one: since it started)."""
-
-    rid: str
-    text: str  # new final text: it can no longer be trimmed by a stop string or regex
-    output_ids: tuple[int, ...]  # replace the output's ids from `ids_start` on
-    ids_start: int
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    forced_tokens: int
-    e2e_latency: float
-    finish_reason: FinishReason | None = None
-    logprobs: LogprobDelta | None = None  # None: the request asked for no logprobs
-    # budget_closed / constraint_violation of a finished constrained request (constrained/guide.py)
-    constraint: dict[str, Any] | None = None
-
-    @property
-    def finished(self) -> bool:
-        """Whether this is the request's last output."""
-        return self.finish_reason is not None
-
-
-OutputSink = Callable[[ReqOutput], None]
-"""Where the loop thread puts a request's outputs; must not block (e.g. `SimpleQueue.put`)."""
+from sgl_lite.backend.types import FinishReason, LogprobEntry, ReqOutput, TopEntries
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import torch
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.errors import InvalidRequest
 from sgl_lite.backend.logprobs import LogprobState
-from sgl_lite.backend.request import Req
 from sgl_lite.backend.sampling_params import SamplingParams
+from sgl_lite.backend.types import Req
 
 _rid_counter = itertools.count()
 

@@ -15,31 +15,20 @@ generator, the others from the sampler's (seeded from the engine config, never t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_lite.backend.logprobs import InputLogprobs, TokenLogprobs, token_logprobs
-from sgl_lite.backend.request import Req
+from sgl_lite.backend.logprobs import TokenLogprobs, token_logprobs
+from sgl_lite.backend.types import Req, Sample
 
 if TYPE_CHECKING:
-    from sgl_lite.backend.model_runner import ForwardOutput
-    from sgl_lite.backend.scheduler import ScheduleBatch
+    from sgl_lite.backend.types import ForwardOutput, ScheduleBatch
 
 
 # greedy_argmax: chunk width, and the batch size (rows x vocab) from which chunking wins
 ARGMAX_CHUNK = 256
 ARGMAX_FAST_MIN = 1 << 17
-
-
-class Sample(NamedTuple):
-    """What batch entry i got from a pass: its next token (None if it does not sample this
-    step) with that token's logprobs (row `row` of `logprobs`), and prompt logprobs."""
-
-    token: int | None = None
-    logprobs: TokenLogprobs | None = None
-    row: int = 0
-    input_logprobs: InputLogprobs | None = None
 
 
 class Sampler:

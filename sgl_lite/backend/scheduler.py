@@ -15,18 +15,14 @@ nothing about text.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
 from sgl_lite.backend.cache_manager import CacheManager
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.errors import EngineError
-from sgl_lite.backend.model_runner import Segment
 from sgl_lite.backend.output_processor import OutputProcessor
-from sgl_lite.backend.outputs import FinishReason
-from sgl_lite.backend.request import Req, ReqStatus
-from sgl_lite.backend.sampler import Sample
+from sgl_lite.backend.types import FinishReason, Req, ReqStatus, Sample, ScheduleBatch, Segment
 from sgl_lite.common import common_prefix_len
 
 logger = logging.getLogger("sgl_lite")
@@ -41,22 +37,6 @@ def _sequence_slice(req: Req, start: int, n: int) -> list[int]:
     if start >= prompt:
         return req.output_ids[start - prompt : start - prompt + n]
     return req.fill_ids[start : start + n]
-
-
-@dataclass(frozen=True)
-class ScheduleBatch:
-    """What one forward pass computes: a segment per request, in the same order."""
-
-    reqs: list[Req]
-    segments: list[Segment]
-
-    def completes(self, i: int) -> bool:
-        """Whether request i's sequence is fully computed after this pass (it samples next)."""
-        return self.segments[i].end == self.reqs[i].seq_len
-
-    def samples(self, i: int) -> bool:
-        """Whether request i draws a token from this pass (complete, and asks for tokens)."""
-        return self.completes(i) and self.reqs[i].sampling_params.max_new_tokens > 0
 
 
 class Scheduler:

@@ -11,7 +11,8 @@ import torch
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
-from sgl_lite.backend.model_runner import ModelRunner, Segment
+from sgl_lite.backend.model_runner import ModelRunner
+from sgl_lite.backend.types import Segment
 from tests.cuda.conftest import embedded_model_available
 
 pytestmark = [

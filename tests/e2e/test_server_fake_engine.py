@@ -15,8 +15,9 @@ import pytest
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.errors import InvalidRequest
-from sgl_lite.backend.outputs import FinishReason, ReqOutput, Submission
+from sgl_lite.backend.outputs import Submission
 from sgl_lite.backend.server import create_app
+from sgl_lite.backend.types import FinishReason, ReqOutput
 from tests.e2e.server_fixture import serve, sse_events
 
 

@@ -8,8 +8,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from sgl_lite.backend.decode_graphs import DecodeGraphs
 from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_runner import ModelRunner, Segment
+from sgl_lite.backend.model_runner import ModelRunner
 from sgl_lite.backend.models.llama import LlamaForCausalLM, head_dim_of
+from sgl_lite.backend.types import Segment
 from tests.conftest import TINY_LLAMA
 
 CONFIG = LlamaConfig(**{**TINY_LLAMA, "vocab_size": 211})

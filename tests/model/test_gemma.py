@@ -11,9 +11,10 @@ from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, G
 from sgl_lite.backend.decode_graphs import DecodeGraphs
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_runner import ModelRunner, Segment
+from sgl_lite.backend.model_runner import ModelRunner
 from sgl_lite.backend.models.gemma import GemmaForCausalLM
 from sgl_lite.backend.models.llama import head_dim_of
+from sgl_lite.backend.types import Segment
 from tests.conftest import NUM_THREADS
 
 WINDOW = 8

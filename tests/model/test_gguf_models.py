@@ -21,7 +21,8 @@ from sgl_lite.backend.model_loader import (
     load_tokenizer,
     resolve_model_path,
 )
-from sgl_lite.backend.model_runner import ModelRunner, Segment
+from sgl_lite.backend.model_runner import ModelRunner
+from sgl_lite.backend.types import Segment
 from sgl_lite.backend.weights.gguf_tensors import read_quantized
 from tests.conftest import NUM_THREADS, build_tiny_tokenizer
 from tests.fixtures.gguf_files import write_gguf

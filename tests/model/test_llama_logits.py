@@ -7,8 +7,10 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_runner import ModelRunner, Segment
+from sgl_lite.backend.model_runner import ModelRunner
+from sgl_lite.backend.models import build_model
 from sgl_lite.backend.models.llama import LlamaForCausalLM, head_dim_of
+from sgl_lite.backend.types import Segment
 
 TINY = dict(
     vocab_size=211,
@@ -50,7 +52,7 @@ class TinyRunner:
     def __init__(self, config) -> None:
         torch.manual_seed(0)
         self.hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-        self.model = LlamaForCausalLM(config, config.max_position_embeddings)
+        self.model = build_model(config, config.max_position_embeddings)
         self.model.load_hf_state_dict(self.hf.state_dict())
         self.pool = KVPool(
             num_layers=config.num_hidden_layers,

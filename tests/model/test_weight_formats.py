@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_runner import ModelRunner, Segment
+from sgl_lite.backend.model_runner import ModelRunner
 from sgl_lite.backend.models.llama import LlamaForCausalLM, head_dim_of
+from sgl_lite.backend.types import Segment
 from sgl_lite.backend.weights import quant
 from sgl_lite.backend.weights.cpu import cpu_caps, rows_invariant
 from sgl_lite.backend.weights.formats import resolve_format

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_runner import ForwardOutput, Segment
+from sgl_lite.backend.types import ForwardOutput, Segment
 
 EOS = 256
 BOS = 257

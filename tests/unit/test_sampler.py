@@ -6,11 +6,9 @@ from __future__ import annotations
 import torch
 
 from sgl_lite.backend.logprobs import LogprobState
-from sgl_lite.backend.model_runner import ForwardOutput, Segment
-from sgl_lite.backend.request import Req
 from sgl_lite.backend.sampler import Sampler
 from sgl_lite.backend.sampling_params import SamplingParams
-from sgl_lite.backend.scheduler import ScheduleBatch
+from sgl_lite.backend.types import ForwardOutput, Req, ScheduleBatch, Segment
 
 V = 16
 EOS = 3

@@ -247,7 +247,7 @@ def test_bad_input_is_refused_with_its_field_and_nothing_leaks(engine, kwargs, f
 
 def test_a_failing_step_aborts_the_batch_with_an_engine_error_and_the_engine_goes_on(engine):
     from sgl_lite.backend.errors import EngineError
-    from sgl_lite.backend.outputs import ReqOutput
+    from sgl_lite.backend.types import ReqOutput
 
     runner = engine.runner
     forward = runner.forward

@@ -8,11 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sgl_lite.backend.detokenizer import IncrementalDetokenizer, backend_decoder
-from sgl_lite.backend.model_runner import ForwardOutput, Segment
-from sgl_lite.backend.request import Req
 from sgl_lite.backend.sampler import ARGMAX_CHUNK, Sampler, greedy_argmax
 from sgl_lite.backend.sampling_params import SamplingParams
-from sgl_lite.backend.scheduler import ScheduleBatch
+from sgl_lite.backend.types import ForwardOutput, Req, ScheduleBatch, Segment
 from tests.conftest import build_tiny_tokenizer
 from tests.unit.fakes import ByteTokenizer
 

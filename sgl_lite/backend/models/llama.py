@@ -286,17 +286,15 @@ def head_dim_of(config: PretrainedConfig) -> int:
 class LlamaForCausalLM(nn.Module):
     """The whole model: embeddings, decoder layers, final norm, LM head (tied or not).
 
-    `spec` defaults to the registry's entry for `config.model_type` (`models/__init__.py`).
+    `spec` defaults to plain Llama's; `models.build_model` passes each family's own
+    (`models/__init__.py`), so build through it unless the config is Llama's.
     """
 
     def __init__(
         self, config: PretrainedConfig, max_positions: int, spec: DecoderSpec | None = None
     ) -> None:
         super().__init__()
-        if spec is None:
-            from sgl_lite.backend.models import family_of  # the registry imports this module
-
-            spec = family_of(config).spec
+        spec = LLAMA if spec is None else spec
         self.config, self.spec = config, spec
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(

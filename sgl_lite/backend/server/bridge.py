@@ -22,11 +22,12 @@ from typing import Any
 from fastapi import Request
 
 from sgl_lite.backend.errors import InvalidRequest, QueueFull
-from sgl_lite.backend.outputs import AsyncChannel, FinishReason, ResultCollector
+from sgl_lite.backend.outputs import AsyncChannel, ResultCollector
 from sgl_lite.backend.outputs import Submission as EngineSubmission
 from sgl_lite.backend.requests_builder import new_rid
 from sgl_lite.backend.server.metrics import ServerMetrics
 from sgl_lite.backend.server.protocol import ApiError, error_for, failure_of
+from sgl_lite.backend.types import FinishReason
 
 
 @dataclass(eq=False)

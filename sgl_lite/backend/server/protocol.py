@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from sgl_lite.backend.errors import InvalidRequest
-from sgl_lite.backend.outputs import FinishReason
+from sgl_lite.backend.types import FinishReason
 from sgl_lite.common import SAMPLING_PARAM_NAMES
 
 # Seconds a request may wait and run before it is aborted (sgl_lite's extension of both APIs).
