@@ -39,7 +39,7 @@ def _build(name: str, options: dict[str, Any]) -> Any:
         module, function = name.split(":")
         return getattr(importlib.import_module(module), function)(options)
     from bench import peers
-    from sgl_lite.backend.model_loader import load_tokenizer, resolve_model_path
+    from sgl_lite.backend.runner.model_loader import load_tokenizer, resolve_model_path
 
     folder = resolve_model_path(None)
     tokenizer = load_tokenizer(folder)

@@ -49,7 +49,7 @@ def cmake_args(flags: set[str]) -> str:
 
 CHECK = """
 import llama_cpp
-from sgl_lite.backend.model_loader import embedded_gguf_path
+from sgl_lite.backend.runner.model_loader import embedded_gguf_path
 llm = llama_cpp.Llama(model_path=str(embedded_gguf_path()), n_ctx=256, n_threads=1, verbose=False)
 out = llm.create_completion("The capital of France is", max_tokens=8, temperature=0)
 print("llama-cpp-python decodes:", repr(out["choices"][0]["text"]))

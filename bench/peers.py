@@ -43,7 +43,7 @@ class LlamaCpp:
 
     def __init__(self, num_threads: int, tokenizer: Any) -> None:
         llama_cpp = _require("llama_cpp")
-        from sgl_lite.backend.model_loader import embedded_gguf_path
+        from sgl_lite.backend.runner.model_loader import embedded_gguf_path
 
         self.lib, self.tokenizer = llama_cpp, tokenizer
         self.eos = eos_ids(tokenizer)

@@ -109,7 +109,7 @@ def main() -> None:
         "--router-args", default="", help="more router flags, e.g. '--balance-abs-threshold 2'"
     )
     args = parser.parse_args()
-    from sgl_lite.backend.model_loader import load_tokenizer, resolve_model_path
+    from sgl_lite.backend.runner.model_loader import load_tokenizer, resolve_model_path
 
     tokenizer = load_tokenizer(resolve_model_path(None))
     # A timeout's SIGTERM unwinds like ^C, so the workers and the router are stopped too.

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape
 
 if TYPE_CHECKING:
-    from sgl_lite.backend.radix_cache import NodeExport, TreeExport
+    from sgl_lite.backend.kvcache.radix_cache import NodeExport, TreeExport
 
 DEFAULT_SNIPPET_CHARS = 60
 

@@ -209,7 +209,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                 "installed: pip install 'sgl_lite[cluster]' (or: pip install sglang-router)"
             )
     if args.chat_template is not None:
-        from sgl_lite.backend.tokenizer_overrides import resolve_chat_template
+        from sgl_lite.backend.runner.tokenizer_overrides import resolve_chat_template
 
         args.chat_template = chat_template_arg(args.chat_template)
         try:
@@ -254,7 +254,7 @@ def chat_template_arg(value: str) -> str:
     named = TEMPLATES.get(value)
     if named is None or Path(value).expanduser().exists():
         return value
-    from sgl_lite.backend.tokenizer_overrides import jinja_from_roles
+    from sgl_lite.backend.runner.tokenizer_overrides import jinja_from_roles
 
     return jinja_from_roles(
         named.role_prefix_and_suffix, named.default_system_prompt, named.begin_text
@@ -292,9 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from sgl_lite.backend.engine import Engine
-    from sgl_lite.backend.server import create_app
-    from sgl_lite.backend.server.http_server import DEFAULT_MAX_BODY_BYTES
-    from sgl_lite.backend.server.lifecycle import DrainingServer
+    from sgl_lite.server import create_app
+    from sgl_lite.server.http_server import DEFAULT_MAX_BODY_BYTES
+    from sgl_lite.server.lifecycle import DrainingServer
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def smollm_folder():
     """The converted embedded model (converted once into the cache dir)."""
-    from sgl_lite.backend.model_loader import resolve_model_path
+    from sgl_lite.backend.runner.model_loader import resolve_model_path
 
     return resolve_model_path(None)
 
@@ -64,7 +64,7 @@ def smollm_folder():
 @pytest.fixture(scope="session")
 def smollm_tokenizer(smollm_folder):
     """SmolLM2's tokenizer."""
-    from sgl_lite.backend.model_loader import load_tokenizer
+    from sgl_lite.backend.runner.model_loader import load_tokenizer
 
     return load_tokenizer(smollm_folder)
 

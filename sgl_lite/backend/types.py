@@ -27,9 +27,9 @@ from sgl_lite.backend.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from sgl_lite.backend.constrained import Guide
-    from sgl_lite.backend.detokenizer import IncrementalDetokenizer
-    from sgl_lite.backend.logprobs import InputLogprobs, LogprobState, TokenLogprobs
-    from sgl_lite.backend.radix_cache import TreeNode
+    from sgl_lite.backend.kvcache.radix_cache import TreeNode
+    from sgl_lite.backend.scheduler.detokenizer import IncrementalDetokenizer
+    from sgl_lite.backend.scheduler.logprobs import InputLogprobs, LogprobState, TokenLogprobs
 
 
 # --- results: what a request gets back ---

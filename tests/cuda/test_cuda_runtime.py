@@ -11,7 +11,7 @@ import torch
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
-from sgl_lite.backend.model_runner import ModelRunner
+from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.types import Segment
 from tests.cuda.conftest import embedded_model_available
 
@@ -143,7 +143,7 @@ def test_engine_answers_after_its_loop_thread_retired_and_restarted(tiny_folder)
 def test_eager_cuda_decode_equals_graph_decode(tiny_folder, monkeypatch):
     """The eager CUDA path (SGL_LITE_DISABLE_CUDA_GRAPH=1; sliding-window models always take
     it) gives the graphs' greedy output, as the sequences grow past the first key bucket."""
-    from sgl_lite.backend.decode_graphs import DISABLE_ENV
+    from sgl_lite.backend.runner.decode_graphs import DISABLE_ENV
 
     common = {"device": "cuda", "max_total_tokens": 16384, "dtype": "float32"}
     prompts = _prompts(20, 230)  # 230-287 tokens: the 256-key bucket, then the 1024 one

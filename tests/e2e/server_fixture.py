@@ -59,7 +59,7 @@ def url_fixture(name: str = "url", **app_kwargs: Any) -> Any:
 
     @pytest.fixture(scope="module", name=name)
     def url(engine: Any) -> Iterator[str]:
-        from sgl_lite.backend.server import create_app
+        from sgl_lite.server import create_app
 
         with serve(create_app(engine, **app_kwargs)) as base:
             yield base

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 import sgl_lite as sgl
-from sgl_lite.backend.server import create_app
 from sgl_lite.cache_view import cached_sequences, show_cache
+from sgl_lite.server import create_app
 from tests.e2e.server_fixture import serve
 
 GREEDY = {"temperature": 0, "max_new_tokens": 4}

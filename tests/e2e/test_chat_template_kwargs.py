@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.outputs import Submission
-from sgl_lite.backend.server import create_app
+from sgl_lite.backend.engine.results import Submission
 from sgl_lite.backend.types import FinishReason, ReqOutput
+from sgl_lite.server import create_app
 from tests.conftest import build_tiny_tokenizer
 from tests.e2e.server_fixture import serve
 

@@ -26,7 +26,7 @@ MAX_STEPS = 400
 def smollm2_tokenizer() -> Any:
     """The embedded SmolLM2 tokenizer (byte-level BPE, 49152 ids, eos 2), loaded once."""
     torch.set_num_threads(1)
-    from sgl_lite.backend.model_loader import load_tokenizer, resolve_model_path
+    from sgl_lite.backend.runner.model_loader import load_tokenizer, resolve_model_path
 
     return load_tokenizer(resolve_model_path(None))
 

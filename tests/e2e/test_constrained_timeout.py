@@ -14,7 +14,7 @@ CHILD = r"""
 import json, time, torch
 torch.set_num_threads(1)
 from sgl_lite.backend.constrained import GrammarCompiler, GrammarError
-from sgl_lite.backend.model_loader import load_tokenizer, resolve_model_path
+from sgl_lite.backend.runner.model_loader import load_tokenizer, resolve_model_path
 compiler = GrammarCompiler(load_tokenizer(resolve_model_path(None)), timeout_s=1.0)
 t0 = time.monotonic()
 slow = compiler.submit("json_schema", {"type": "string", "maxLength": 2000})

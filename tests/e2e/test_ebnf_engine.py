@@ -13,7 +13,7 @@ import requests
 import sgl_lite as sgl
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.errors import InvalidRequest
-from sgl_lite.backend.server import create_app
+from sgl_lite.server import create_app
 from tests.conftest import NUM_THREADS, chat_prompt
 from tests.e2e.server_fixture import serve
 

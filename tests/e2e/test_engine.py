@@ -308,7 +308,7 @@ def test_bad_input_raises_a_named_error_and_the_engine_keeps_serving(engine, kwa
 
 
 def test_bad_model_paths_are_clear_errors(tmp_path):
-    from sgl_lite.backend.model_loader import ModelLoadError
+    from sgl_lite.backend.runner.model_loader import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="does not exist"):
         Engine(model_path=str(tmp_path / "nope"))

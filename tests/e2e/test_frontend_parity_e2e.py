@@ -168,7 +168,7 @@ def test_sglangs_own_test_programs_run_on_sgl_lite_with_only_the_import_changed(
 
 
 def test_streamed_logprobs_over_http_match_the_in_process_backend(rt, engine):
-    from sgl_lite.backend.server import create_app
+    from sgl_lite.server import create_app
     from tests.e2e.server_fixture import serve
 
     @sgl.function

@@ -9,10 +9,10 @@ import time
 import pytest
 
 import sgl_lite as sgl
-from sgl_lite.backend.server import create_app
 from sgl_lite.frontend.backends.base import StepTimeout
 from sgl_lite.frontend.backends.engine import EngineBackend
 from sgl_lite.frontend.backends.runtime_endpoint import RuntimeEndpoint
+from sgl_lite.server import create_app
 from tests.e2e.server_fixture import serve
 
 pytestmark = pytest.mark.e2e

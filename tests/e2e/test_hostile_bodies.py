@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from sgl_lite.backend.server import create_app
+from sgl_lite.server import create_app
 from tests.e2e.server_fixture import serve
 from tests.e2e.test_server_fake_engine import FakeEngine
 

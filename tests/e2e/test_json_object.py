@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from sgl_lite.backend.constrained import GrammarCompiler
-from sgl_lite.backend.server import create_app
-from sgl_lite.backend.server.chat import ANY_OBJECT_SCHEMA
+from sgl_lite.server import create_app
+from sgl_lite.server.openai.chat import ANY_OBJECT_SCHEMA
 from tests.e2e.server_fixture import serve
 from tests.e2e.test_constrained_support import smollm2_tokenizer
 

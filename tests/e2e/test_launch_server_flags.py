@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sgl_lite.backend import memory
+from sgl_lite.backend.engine import memory
+from sgl_lite.backend.kvcache import sizing
 from tests.e2e.server_fixture import ENV, free_port, launch, running
 
 
@@ -116,9 +117,9 @@ def test_deployment_guide_command_line_serves(tmp_path) -> None:
 def test_mem_fraction_static_sizes_the_pool_from_free_memory() -> None:
     folder = memory_folder()
     per_token = memory.kv_bytes_per_token(folder, "float32")
-    weights = memory.weight_bytes(folder, "float32")
+    weights = sizing.weight_bytes(folder, "float32")
     target = 12_000  # tokens: choose the fraction that should give about this many
-    fraction = (weights + target * per_token) / memory.available_cpu_memory()
+    fraction = (weights + target * per_token) / sizing.available_cpu_memory()
     with running("--mem-fraction-static", f"{fraction:.5f}") as (url, _, _):
         tokens = pool_tokens(url)
     # Free memory moves while other processes run; 4000 tokens of slack is ±3 GiB of RAM here.
@@ -126,6 +127,6 @@ def test_mem_fraction_static_sizes_the_pool_from_free_memory() -> None:
 
 
 def memory_folder() -> Path:
-    from sgl_lite.backend.model_loader import resolve_model_path
+    from sgl_lite.backend.runner.model_loader import resolve_model_path
 
     return resolve_model_path(None)

@@ -1,4 +1,4 @@
-"""Grammar masks computed beside the forward pass (backend/mask_prefetch.py) on SmolLM2.
+"""Grammar masks computed beside the forward pass (backend/scheduler/mask_prefetch.py) on SmolLM2.
 
 Greedy outputs are identical with the overlap on and off, for constrained requests of every
 backend (outlines-core, llguidance, xgrammar) batched with unconstrained ones; with it on, each
@@ -20,7 +20,7 @@ import pytest
 from sgl_lite.backend.constrained.grammar_guide import BackendGuide
 from sgl_lite.backend.constrained.guide import Guide
 from sgl_lite.backend.engine import Engine
-from sgl_lite.backend.mask_prefetch import WORKER_NAME, MaskPrefetcher
+from sgl_lite.backend.scheduler.mask_prefetch import WORKER_NAME, MaskPrefetcher
 from tests.conftest import NUM_THREADS
 
 pytestmark = pytest.mark.e2e

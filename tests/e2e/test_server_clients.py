@@ -10,7 +10,7 @@ import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
-from sgl_lite.backend.server import create_app
+from sgl_lite.server import create_app
 from tests.e2e.server_fixture import serve
 
 pytestmark = pytest.mark.e2e

@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.engine.results import Submission
 from sgl_lite.backend.errors import InvalidRequest
-from sgl_lite.backend.outputs import Submission
-from sgl_lite.backend.server import create_app
 from sgl_lite.backend.types import FinishReason, ReqOutput
+from sgl_lite.server import create_app
 from tests.e2e.server_fixture import serve, sse_events
 
 

@@ -15,7 +15,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
-from sgl_lite.backend.server import create_app
+from sgl_lite.server import create_app
 from tests.e2e.server_fixture import engine_fixture, flush, serve, url_fixture
 
 MAX_TOKENS = 1  # the contract is about shapes: one token answers as a long output would

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from sgl_lite.backend.engine import Engine
-from sgl_lite.backend.server import create_app
+from sgl_lite.server import create_app
 from tests.e2e.server_fixture import flush, serve, server_info
 from tests.unit.fakes import ByteTokenizer, SlowRunner
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from sgl_lite.backend.server.compat import (
+from sgl_lite.server.compat import (
     GENERATE_NOOPS,
     GENERATE_REFUSED,
     SAMPLING_NOOPS,
@@ -143,7 +143,7 @@ def test_every_sglang_05_field_has_a_policy():
         "video_max_dynamic_patch", "images_config", "mm_processor_kwargs",
         "multi_item_delimiter_indices", "token_indices_to_pool", "cache_salt", "kv_hints",
     }  # fmt: skip
-    from sgl_lite.backend.server.compat import GENERATE_IMPLEMENTED
+    from sgl_lite.server.compat import GENERATE_IMPLEMENTED
 
     covered = GENERATE_IMPLEMENTED | GENERATE_NOOPS | set(GENERATE_REFUSED)
     assert generate_fields <= covered, sorted(generate_fields - covered)

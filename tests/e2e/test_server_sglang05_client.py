@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sgl_lite.backend.server import create_app
+from sgl_lite.server import create_app
 from tests.e2e.server_fixture import serve
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from sgl_lite.backend.server import create_app
+from sgl_lite.server import create_app
 from tests.e2e.server_fixture import flush, serve
 
 pytestmark = pytest.mark.e2e

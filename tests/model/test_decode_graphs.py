@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from sgl_lite.backend.decode_graphs import DecodeGraphs
-from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_runner import ModelRunner
-from sgl_lite.backend.models.llama import LlamaForCausalLM, head_dim_of
+from sgl_lite.backend.kvcache.kv_pool import KVPool
+from sgl_lite.backend.runner.decode_graphs import DecodeGraphs
+from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.runner.models.llama import LlamaForCausalLM, head_dim_of
 from sgl_lite.backend.types import Segment
 from tests.conftest import TINY_LLAMA
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_lite.backend.decode_kv import ROUND, DecodeKV
+from sgl_lite.backend.runner.decode_kv import ROUND, DecodeKV
 from sgl_lite.backend.types import Segment
 from tests.model.test_decode_graphs import _prefill, _runner
 

@@ -22,9 +22,9 @@ from transformers import (
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
-from sgl_lite.backend.model_runner import ModelRunner
-from sgl_lite.backend.models import FAMILIES, SUPPORTED_MODEL_TYPES
-from sgl_lite.backend.models.llama import RotaryEmbedding, head_dim_of
+from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.runner.models import FAMILIES, SUPPORTED_MODEL_TYPES
+from sgl_lite.backend.runner.models.llama import RotaryEmbedding, head_dim_of
 from sgl_lite.backend.types import Segment
 from tests.conftest import NUM_THREADS
 

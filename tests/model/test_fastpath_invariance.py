@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.model_runner import ModelRunner
+from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.types import Segment
 
 PROMPT_LEN, OTHER_LEN = 80, 37

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GemmaConfig
 
-from sgl_lite.backend.decode_graphs import DecodeGraphs
 from sgl_lite.backend.engine import Engine
-from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_runner import ModelRunner
-from sgl_lite.backend.models.gemma import GemmaForCausalLM
-from sgl_lite.backend.models.llama import head_dim_of
+from sgl_lite.backend.kvcache.kv_pool import KVPool
+from sgl_lite.backend.runner.decode_graphs import DecodeGraphs
+from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.runner.models.gemma import GemmaForCausalLM
+from sgl_lite.backend.runner.models.llama import head_dim_of
 from sgl_lite.backend.types import Segment
 from tests.conftest import NUM_THREADS
 

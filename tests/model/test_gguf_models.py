@@ -14,16 +14,16 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
-from sgl_lite.backend.model_loader import (
+from sgl_lite.backend.runner.model_loader import (
     ModelLoadError,
     gguf_source,
     load_config,
     load_tokenizer,
     resolve_model_path,
 )
-from sgl_lite.backend.model_runner import ModelRunner
+from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.types import Segment
-from sgl_lite.backend.weights.gguf_tensors import read_quantized
 from tests.conftest import NUM_THREADS, build_tiny_tokenizer
 from tests.fixtures.gguf_files import write_gguf
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_runner import ModelRunner
-from sgl_lite.backend.models import build_model
-from sgl_lite.backend.models.llama import LlamaForCausalLM, head_dim_of
+from sgl_lite.backend.kvcache.kv_pool import KVPool
+from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.runner.models import build_model
+from sgl_lite.backend.runner.models.llama import LlamaForCausalLM, head_dim_of
 from sgl_lite.backend.types import Segment
 
 TINY = dict(

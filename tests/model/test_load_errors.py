@@ -12,9 +12,9 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
-from sgl_lite.backend.model_loader import ModelLoadError
-from sgl_lite.backend.model_runner import ModelRunner
-from sgl_lite.backend.models import SUPPORTED_MODEL_TYPES
+from sgl_lite.backend.runner.model_loader import ModelLoadError
+from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.runner.models import SUPPORTED_MODEL_TYPES
 from tests.conftest import NUM_THREADS, TINY_LLAMA
 
 WEIGHTS = "model.safetensors"

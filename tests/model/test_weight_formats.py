@@ -11,15 +11,15 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.kv_pool import KVPool
-from sgl_lite.backend.model_runner import ModelRunner
-from sgl_lite.backend.models.llama import LlamaForCausalLM, head_dim_of
+from sgl_lite.backend.kvcache.kv_pool import KVPool
+from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.runner.models.llama import LlamaForCausalLM, head_dim_of
+from sgl_lite.backend.runner.weights import quant
+from sgl_lite.backend.runner.weights.cpu import cpu_caps, rows_invariant
+from sgl_lite.backend.runner.weights.formats import resolve_format
+from sgl_lite.backend.runner.weights.gguf_tensors import _decode_blocks, read_quantized
+from sgl_lite.backend.runner.weights.packing import pack_model
 from sgl_lite.backend.types import Segment
-from sgl_lite.backend.weights import quant
-from sgl_lite.backend.weights.cpu import cpu_caps, rows_invariant
-from sgl_lite.backend.weights.formats import resolve_format
-from sgl_lite.backend.weights.gguf_tensors import _decode_blocks, read_quantized
-from sgl_lite.backend.weights.packing import pack_model
 from tests.conftest import TINY_LLAMA
 
 # A fixed natural text for perplexity (no repetition, so the figure means something).
@@ -78,7 +78,7 @@ def test_gguf_blocks_decode_as_the_gguf_package_dequantizes_them(kind):
 def test_embedded_gguf_codes_are_exactly_the_converted_weights(smollm_folder, smollm_tokenizer):
     from safetensors.torch import load_file
 
-    from sgl_lite.backend.model_loader import gguf_source, load_config
+    from sgl_lite.backend.runner.model_loader import gguf_source, load_config
 
     source = gguf_source(smollm_folder)
     assert source is not None and source.suffix == ".gguf"
@@ -145,7 +145,7 @@ def test_cuda_requested_without_cuda_is_a_clear_error(smollm_folder):
 
 def test_a_cuda_device_always_gets_an_index_and_a_missing_one_is_named(monkeypatch):
     """`torch.cuda.set_device`, which each loop thread calls, refuses a bare "cuda"."""
-    from sgl_lite.backend import model_runner
+    from sgl_lite.backend.runner import model_runner
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -159,7 +159,7 @@ def test_a_cuda_device_always_gets_an_index_and_a_missing_one_is_named(monkeypat
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_rope_tables_stay_exact_float32_whatever_the_weight_dtype(tiny_llama_folder, dtype):
-    from sgl_lite.backend.models.rope import RotaryEmbedding
+    from sgl_lite.backend.runner.models.rope import RotaryEmbedding
 
     runner = ModelRunner(tiny_llama_folder, EngineConfig(dtype=dtype, max_total_tokens=64))
     assert runner.model.embed_tokens.weight.dtype == getattr(torch, dtype)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from sgl_lite.backend.kv_pool import KVPool
+from sgl_lite.backend.kvcache.kv_pool import KVPool
 from sgl_lite.backend.types import ForwardOutput, Segment
 
 EOS = 256

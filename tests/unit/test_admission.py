@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from sgl_lite.backend.admission import Admission
 from sgl_lite.backend.engine import Engine
+from sgl_lite.backend.engine.admission import Admission
 from sgl_lite.backend.errors import InvalidRequest, QueueFull
 from tests.unit.fakes import ByteTokenizer, SlowRunner
 

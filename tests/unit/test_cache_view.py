@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from sgl_lite.backend.radix_cache import RadixCache
+from sgl_lite.backend.kvcache.radix_cache import RadixCache
 from sgl_lite.cache_view import (
     cached_sequences,
     render_svg,

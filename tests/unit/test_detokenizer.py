@@ -10,8 +10,8 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sgl_lite.backend.detokenizer import IncrementalDetokenizer
 from sgl_lite.backend.sampling_params import SamplingParams
+from sgl_lite.backend.scheduler.detokenizer import IncrementalDetokenizer
 from tests.unit.fakes import EOS, ByteTokenizer
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgl_lite.backend.kv_pool import KVPool, check_slot_accounting
-from sgl_lite.backend.radix_cache import RadixCache
+from sgl_lite.backend.kvcache.kv_pool import KVPool, check_slot_accounting
+from sgl_lite.backend.kvcache.radix_cache import RadixCache
 
 
 def make_pool(num_slots: int = 8) -> KVPool:

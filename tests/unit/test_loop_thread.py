@@ -1,4 +1,4 @@
-"""The engine's loop thread runs only while there is work (backend/loop_thread.py): an idle
+"""The engine's loop thread runs only while there is work (backend/engine/loop_thread.py): an idle
 engine holds no thread and no OpenMP team, and every call still gets its answer."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
+from sgl_lite.backend.engine.loop_thread import LoopThread
 from sgl_lite.backend.errors import EngineError
-from sgl_lite.backend.loop_thread import LoopThread
 from tests.unit.fakes import ByteTokenizer, FakeRunner, SlowRunner
 
 GREEDY = {"temperature": 0, "max_new_tokens": 4}

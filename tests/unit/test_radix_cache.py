@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sgl_lite.backend.kv_pool import KVPool, check_slot_accounting
-from sgl_lite.backend.radix_cache import RadixCache, TreeNode
+from sgl_lite.backend.kvcache.kv_pool import KVPool, check_slot_accounting
+from sgl_lite.backend.kvcache.radix_cache import RadixCache, TreeNode
 
 
 def slots(*ids: int) -> torch.Tensor:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.engine.intake import RequestBuilder, generate_args
 from sgl_lite.backend.errors import InvalidRequest
-from sgl_lite.backend.requests_builder import RequestBuilder, generate_args
 from tests.unit.fakes import VOCAB, ByteTokenizer
 
 

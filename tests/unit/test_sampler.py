@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from sgl_lite.backend.logprobs import LogprobState
-from sgl_lite.backend.sampler import Sampler
 from sgl_lite.backend.sampling_params import SamplingParams
+from sgl_lite.backend.scheduler.logprobs import LogprobState
+from sgl_lite.backend.scheduler.sampler import Sampler
 from sgl_lite.backend.types import ForwardOutput, Req, ScheduleBatch, Segment
 
 V = 16

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_lite.backend import memory
-from sgl_lite.backend.tokenizer_overrides import resolve_chat_template
+from sgl_lite.backend.engine import memory
+from sgl_lite.backend.kvcache import sizing
+from sgl_lite.backend.runner.tokenizer_overrides import resolve_chat_template
 from sgl_lite.frontend.chat_template import TEMPLATES
 from sgl_lite.launch_server import build_parser, chat_template_arg, check_args, engine_kwargs
 
@@ -57,32 +58,32 @@ def test_bad_flags_exit_2_with_a_message(argv, needle, capsys) -> None:
 
 def test_pool_tokens_is_free_times_fraction_minus_weights() -> None:
     gib = 2**30
-    assert memory.pool_tokens(0.5, 10 * gib, 1 * gib, 2**20) == 4 * 1024
+    assert sizing.pool_tokens(0.5, 10 * gib, 1 * gib, 2**20) == 4 * 1024
     with pytest.raises(ValueError, match=r"leaves 0.00 GiB after 2.00 GiB of weights"):
-        memory.pool_tokens(0.1, 10 * gib, 2 * gib, 2**20)
+        sizing.pool_tokens(0.1, 10 * gib, 2 * gib, 2**20)
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
-        memory.pool_tokens(0.0, gib, 0, 1)
+        sizing.pool_tokens(0.0, gib, 0, 1)
 
 
 def test_free_memory_readers(tmp_path) -> None:
     info = tmp_path / "meminfo"
     info.write_text("MemTotal: 100 kB\nMemFree: 10 kB\nMemAvailable:   42 kB\n")
-    assert memory._meminfo_available(str(info)) == 42 * 1024
-    assert memory._meminfo_available(str(tmp_path / "missing")) is None
+    assert sizing._meminfo_available(str(info)) == 42 * 1024
+    assert sizing._meminfo_available(str(tmp_path / "missing")) is None
     (tmp_path / "memory.max").write_text("max\n")
     (tmp_path / "memory.current").write_text("5\n")
-    assert memory._cgroup_headroom(str(tmp_path)) is None
+    assert sizing._cgroup_headroom(str(tmp_path)) is None
     (tmp_path / "memory.max").write_text("1000\n")
-    assert memory._cgroup_headroom(str(tmp_path)) == 995
-    assert memory.available_cpu_memory() > 0
+    assert sizing._cgroup_headroom(str(tmp_path)) == 995
+    assert sizing.available_cpu_memory() > 0
 
 
 def test_weights_and_kv_sizes_of_the_embedded_model(smollm_folder) -> None:
     files = sorted(smollm_folder.glob("*.safetensors"))
     on_disk = sum(f.stat().st_size for f in files)  # float32 tensors plus small JSON headers
-    fp32 = memory.weight_bytes(smollm_folder, "float32")
+    fp32 = sizing.weight_bytes(smollm_folder, "float32")
     assert on_disk - 2**20 < fp32 <= on_disk
-    assert memory.weight_bytes(smollm_folder, "bfloat16") * 2 == fp32
+    assert sizing.weight_bytes(smollm_folder, "bfloat16") * 2 == fp32
     # SmolLM2-135M: 30 layers, 3 KV heads of 64 dims; K and V in float32.
     assert memory.kv_bytes_per_token(smollm_folder, "float32") == 2 * 30 * 3 * 64 * 4
 
@@ -127,12 +128,12 @@ def test_worker_argv_replaces_the_per_worker_flags() -> None:
 
 
 def test_resolve_mem_fraction_sizes_and_caps_the_pool(smollm_folder) -> None:
-    from sgl_lite.backend.memory import resolve_mem_fraction
+    from sgl_lite.backend.engine.memory import resolve_mem_fraction
 
     assert resolve_mem_fraction({"num_threads": 1}) == {"num_threads": 1}
     per_token = memory.kv_bytes_per_token(smollm_folder, "float32")
-    weights = memory.weight_bytes(smollm_folder, "float32")
-    fraction = (weights + 50_000 * per_token) / memory.available_cpu_memory()
+    weights = sizing.weight_bytes(smollm_folder, "float32")
+    fraction = (weights + 50_000 * per_token) / sizing.available_cpu_memory()
     sized = resolve_mem_fraction({"mem_fraction_static": fraction, "device": "cpu"})
     assert "mem_fraction_static" not in sized and abs(sized["max_total_tokens"] - 50_000) < 20_000
     capped = resolve_mem_fraction(

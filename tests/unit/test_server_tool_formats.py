@@ -11,14 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sgl_lite.backend.config import TOOL_CALL_PARSERS, EngineConfig
-from sgl_lite.backend.server.tool_formats import (
+from sgl_lite.server.openai.tool_formats import (
     FORMATS,
     detect_format,
     marker_is_special,
     resolve_format,
 )
-from sgl_lite.backend.server.tool_parser import ToolDeltas, message, scan
-from sgl_lite.backend.server.tools import chat_prompt, plan_tools
+from sgl_lite.server.openai.tool_parser import ToolDeltas, message, scan
+from sgl_lite.server.openai.tools import chat_prompt, plan_tools
 from tests.unit.test_server_tool_parser import ADD, NOTE
 
 A12 = {"name": "add", "arguments": {"a": 1, "b": 2}}

@@ -11,15 +11,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sgl_lite.backend.constrained.llguidance_backend import is_any_object
-from sgl_lite.backend.server.protocol import ApiError
-from sgl_lite.backend.server.tool_parser import ToolDeltas, message, scan
-from sgl_lite.backend.server.tools import (
+from sgl_lite.server.openai.tool_parser import ToolDeltas, message, scan
+from sgl_lite.server.openai.tools import (
     DEFAULT_TOOL_PROMPT,
     JSON_OBJECT_REGEX,
     chat_prompt,
     constraint,
     plan_tools,
 )
+from sgl_lite.server.protocol import ApiError
 
 ADD = {
     "type": "function",

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sgl_lite.backend.detokenizer import IncrementalDetokenizer, backend_decoder
-from sgl_lite.backend.sampler import ARGMAX_CHUNK, Sampler, greedy_argmax
 from sgl_lite.backend.sampling_params import SamplingParams
+from sgl_lite.backend.scheduler.detokenizer import IncrementalDetokenizer, backend_decoder
+from sgl_lite.backend.scheduler.sampler import ARGMAX_CHUNK, Sampler, greedy_argmax
 from sgl_lite.backend.types import ForwardOutput, Req, ScheduleBatch, Segment
 from tests.conftest import build_tiny_tokenizer
 from tests.unit.fakes import ByteTokenizer

@@ -1,0 +1,9 @@
+"""The engine's lifetime: start-up, the loop thread, intake of requests, admission, results.
+
+`Engine` (engine.py) is the in-process engine with SGLang's `Engine.generate` API; one step is
+schedule → forward → sample → process, in `Engine.step`.
+"""
+
+from sgl_lite.backend.engine.engine import Engine
+
+__all__ = ["Engine"]

@@ -1,0 +1,391 @@
+"""Engine: the in-process inference engine, with SGLang's `Engine.generate` API.
+
+Callers on any thread submit requests with a sink for their outputs; one loop thread loads and
+owns the model, the KV pool, the radix tree and the scheduler, runs `step()` (schedule → forward
+→ sample → process) while work remains, publishes each request's `ReqOutput` to its sink, and
+ends when idle (loop_thread; omp_threads says why an idle engine must hold no OpenMP team).
+Requests submitted together land in the same batches. Bad input is rejected in the caller's
+thread with an `InvalidRequest`, before anything reaches the loop. Result dicts are built on the
+caller's side (`outputs.ResultBuilder`), never on the loop thread.
+
+`Engine(model_path=None, **flags)` loads a model; `Engine(config, runner=…, tokenizer=…)`
+drives any runner with `forward(segments) -> ForwardOutput`, `pool`, `vocab_size` and
+`context_length` (the unit tests pass a fake one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+import torch
+
+from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.engine.admission import Admission
+from sgl_lite.backend.engine.info import engine_info
+from sgl_lite.backend.engine.intake import RequestBuilder, generate_args
+from sgl_lite.backend.engine.loop_thread import LoopThread
+from sgl_lite.backend.engine.results import AsyncChannel, ResultCollector, Submission
+from sgl_lite.backend.engine.setup import (
+    build_config,
+    configure_logging,
+    eos_token_ids,
+    load_model,
+    prepare_loop_thread,
+)
+from sgl_lite.backend.errors import EngineError, InvalidRequest
+from sgl_lite.backend.kvcache.cache_manager import CacheManager
+from sgl_lite.backend.kvcache.kv_pool import KVPool
+from sgl_lite.backend.scheduler.mask_prefetch import MaskPrefetcher, mask_failure
+from sgl_lite.backend.scheduler.output_processor import OutputProcessor
+from sgl_lite.backend.scheduler.sampler import Sampler
+from sgl_lite.backend.scheduler.scheduler import Scheduler
+from sgl_lite.backend.types import FinishReason, ForwardOutput, OutputSink, Req, ReqOutput, Segment
+
+logger = logging.getLogger("sgl_lite")
+
+
+class Runner(Protocol):
+    """What the engine needs of a model runner."""
+
+    pool: KVPool
+    vocab_size: int
+    context_length: int
+
+    def forward(self, segments: list[Segment]) -> ForwardOutput: ...
+
+
+class Engine:
+    """In-process engine: `Engine(model_path=None, **server_flags_in_snake_case)`, or
+    `Engine(config, runner=..., tokenizer=...)` to drive a given runner and tokenizer."""
+
+    def __init__(
+        self,
+        model_path: str | EngineConfig | None = None,
+        *,
+        runner: Runner | None = None,
+        tokenizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self.config = config = build_config(model_path, kwargs)
+        configure_logging(config.log_level)
+        if config.num_threads is not None:  # process-wide: only when asked (see EngineConfig)
+            torch.set_num_threads(config.num_threads)
+        self.forward_passes = 0
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, OutputSink] = {}
+        self._reqs: dict[str, Req] = {}
+        self._stopped = False
+        # The loop thread loads the model itself: all of the engine's tensor work then runs on
+        # one thread and so in one OpenMP team (see omp_threads). A load failure comes back here.
+        self._worker = LoopThread(self._loop, "sgl_lite-engine")
+        ready: Future[None] = Future()
+        self._post("setup", (runner, tokenizer, ready))
+        ready.result()
+        logger.info(
+            "sgl_lite engine: model=%s device=%s dtype=%s threads=%d kv_pool=%d tokens (%.1f MB) "
+            "max_running_requests=%d",
+            self.model_folder,
+            config.device,
+            config.dtype,
+            torch.get_num_threads(),
+            self.runner.pool.num_slots,
+            self.runner.pool.nbytes / 2**20,
+            config.max_running_requests,
+        )
+
+    # --- public API ---------------------------------------------------------------------
+    @property
+    def context_length(self) -> int:
+        """The longest sequence (prompt + output) the model takes."""
+        return self.runner.context_length
+
+    def max_new_tokens_room(self, prompt_len: int) -> int:
+        """The most new tokens a prompt of `prompt_len` tokens may ask for (context and pool)."""
+        return self.builder.max_new_tokens_room(prompt_len)
+
+    def submit(self, sink: OutputSink, **request: Any) -> Submission:
+        """Validates and queues a generate call (`generate`'s arguments but `stream`'s meaning:
+        with stream=True every step's output goes to `sink`, else only the last one).
+
+        `sink` is called on the loop thread with each `ReqOutput` and must not block. Raises
+        `InvalidRequest` naming the field for bad input, `QueueFull` past max_queued_requests;
+        nothing is queued then. `timeout` (seconds) aborts the requests still unfinished then.
+        """
+        if self._stopped:
+            raise EngineError("the engine has been shut down")
+        timeout = request.pop("timeout", None)
+        groups, batched = self.builder.build(**generate_args(**request))
+        reqs = [r for group in groups for r in group]
+        self.admission.admit([r.rid for r in reqs], timeout)
+        self._post("add", (reqs, sink))
+        return Submission(
+            tuple(r.rid for r in reqs), tuple(tuple(r.rid for r in g) for g in groups), batched
+        )
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Generates for one prompt (→ dict) or a list (→ list of dicts, one per prompt × n).
+
+        With `stream=True` returns an iterator of result dicts with the cumulative text so far
+        (each with its "index" when the input was a list).
+        """
+        outputs: queue.SimpleQueue[ReqOutput] = queue.SimpleQueue()
+        sub = self.submit(
+            outputs.put,
+            prompt=prompt,
+            sampling_params=sampling_params,
+            input_ids=input_ids,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+            stream=stream,
+            rid=rid,
+            timeout=timeout,
+        )
+        collector = ResultCollector(sub, self.abort)
+        if stream:
+            return collector.iterate(outputs.get)
+        return collector.wait(outputs.get)
+
+    async def async_generate(self, *args: Any, **kwargs: Any) -> Any:
+        """`generate` for asyncio code (no thread waits); with stream=True an async iterator."""
+        timeout = kwargs.pop("timeout", None)
+        request = generate_args(*args, **kwargs)
+        channel = AsyncChannel()
+        # Tokenizing and validating run off the event loop; waiting for outputs costs nothing.
+        sub = await asyncio.to_thread(self.submit, channel.put, **request, timeout=timeout)
+        collector = ResultCollector(sub, self.abort)
+        if request["stream"]:
+            return collector.aiterate(channel)
+        return await collector.await_all(channel)
+
+    def abort(self, rid: str) -> None:
+        """Aborts a request by id; its slots are freed and its caller gets finish_reason abort."""
+        self._post("abort", rid)
+
+    def abort_all(self, message: str) -> int:
+        """Aborts every queued and running request with `message`; returns how many."""
+        return self._call(lambda: self._abort_all(FinishReason.abort(message)))
+
+    def flush_cache(self) -> bool:
+        """Empties the radix cache; False (and nothing done) while requests are running."""
+        return self._call(lambda: not self.scheduler.has_work and self.cache.flush())
+
+    def get_server_info(self) -> dict[str, Any]:
+        """Config, pool usage and cache statistics."""
+        return self._call(lambda: engine_info(self))
+
+    def cache_tree(self, snippet_chars: int = 60) -> dict[str, Any]:
+        """The radix tree as JSON (`sgl_lite.cache_view.tree_to_dict`), copied on the loop
+        thread so it is one consistent instant; decoding runs in the caller's thread."""
+        from sgl_lite.cache_view import tree_to_dict
+
+        tree = self._call(self.cache.tree.export)
+        return tree_to_dict(tree, self.tokenizer.decode, snippet_chars)
+
+    def check_integrity(self) -> None:
+        """Asserts the slot invariant (free + cached + in use == total) on the loop thread."""
+        self._call(lambda: self.cache.check_integrity(self.scheduler.running))
+
+    def shutdown(self) -> None:
+        """Stops the engine; pending requests are aborted."""
+        if not self._stopped:
+            self._post("stop", None)
+            self._worker.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        reply: queue.SimpleQueue = queue.SimpleQueue()
+        self._post("call", (fn, reply))
+        ok, value = reply.get()
+        if not ok:
+            raise value
+        return value
+
+    def _post(self, kind: str, payload: Any) -> None:
+        """Queues a message for the loop, starting its thread if the engine was idle."""
+        self._inbox.put((kind, payload))
+        self._worker.wake()
+
+    # --- loop thread ------------------------------------------------------------------------
+    def _setup(self, runner: Runner | None, tokenizer: Any) -> None:
+        """Loads the model (unless given) and builds the parts that run it; on the loop thread."""
+        config = self.config
+        self.model_folder, runner, tokenizer = load_model(config, runner, tokenizer)
+        self.tokenizer = tokenizer
+        self.runner = runner
+        self.cache = CacheManager(runner.pool, config.disable_radix_cache)
+        eos = eos_token_ids(runner, tokenizer)
+        self.sampler = Sampler(eos, runner.vocab_size, seed=config.random_seed)
+        self.outputs = OutputProcessor(tokenizer, eos, jump_forward=not config.disable_jump_forward)
+        self.scheduler = Scheduler(config, self.cache, self.outputs)
+        self.masks = MaskPrefetcher(overlap=config.overlap_masks)
+        self.builder = RequestBuilder(
+            config,
+            tokenizer,
+            vocab_size=runner.vocab_size,
+            context_length=runner.context_length,
+            pool_size=runner.pool.num_slots,
+        )
+        self.admission = Admission(config.max_queued_requests, config.request_timeout)
+
+    def _loop(self) -> None:
+        """Runs steps while there is work, and returns once idle (`LoopThread` restarts it)."""
+        # Grad mode and the CUDA device are per thread, like the OpenMP team.
+        if not prepare_loop_thread(getattr(self, "runner", None)):
+            self._stopped = True  # every later thread would fail alike: stop, answering all
+        idle = False
+        while not self._stopped:
+            # Block for new input only when the last step had nothing to run (e.g. every
+            # waiting request is still compiling its grammar), so the loop never spins.
+            handled = self._drain_inbox(block=idle)
+            if self._stopped:
+                break
+            if idle and not handled and not self._reqs and self._worker.retire(self._inbox.empty):
+                return  # nothing queued, compiling or running: the thread and its team end
+            self._poll_grammars()
+            for rid, seconds in self.admission.expired():
+                if (req := self._reqs.get(rid)) is not None:
+                    self._abort(req, FinishReason.abort(f"request timed out after {seconds:g} s"))
+            try:
+                idle = self.step() is None
+            except Exception as exc:
+                logger.exception("engine step failed; aborting the running requests")
+                error = EngineError(f"engine error: {exc}")
+                for req in list(self._reqs.values()):
+                    if req.is_finished:  # ended in the failed step before it could publish
+                        self._publish(req)
+                    elif req in self.scheduler.running:
+                        self._abort(req, FinishReason.abort(str(error), error))
+        if getattr(self, "scheduler", None) is None:  # the model never loaded
+            return
+        # Requests submitted while stopping are answered too: nobody waits on a dead loop.
+        self._drain_inbox(block=False)
+        error = EngineError("engine shut down")
+        self._abort_all(FinishReason.abort(str(error), error))
+        self.masks.shutdown()
+
+    def _abort_all(self, reason: FinishReason) -> int:
+        reqs = list(self._reqs.values())
+        for req in reqs:
+            self._abort(req, reason)
+        return len(reqs)
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Handles every queued message (waiting up to 50 ms for one if `block`); True if any."""
+        try:
+            item = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return False
+        while True:
+            self._handle(*item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _handle(self, kind: str, payload: Any) -> None:
+        if kind == "setup":
+            runner, tokenizer, ready = payload
+            try:
+                self._setup(runner, tokenizer)
+            except BaseException as exc:
+                self._stopped = True
+                ready.set_exception(exc)
+            else:
+                ready.set_result(None)
+        elif kind == "add":
+            reqs, sink = payload
+            for req in reqs:
+                self._reqs[req.rid] = req
+                self._sinks[req.rid] = sink
+                self.scheduler.add(req)
+        elif kind == "abort":
+            req = self._reqs.get(payload)
+            if req is not None:
+                self._abort(req, FinishReason.abort("aborted by request"))
+        elif kind == "call":
+            fn, reply = payload
+            try:
+                reply.put((True, fn()))
+            except Exception as exc:
+                reply.put((False, exc))
+        elif kind == "stop":
+            self._stopped = True
+
+    def _poll_grammars(self) -> None:
+        for req, exc in self.scheduler.attach_grammars():
+            kind = (req.sampling_params.constraint or ("regex", ""))[0]
+            self._abort(req, FinishReason.abort(str(exc), InvalidRequest(kind, str(exc))))
+
+    def step(self) -> list[Req] | None:
+        """One scheduling step: schedule → forward → sample → process, then publish.
+
+        Returns the requests that finished, or None when there was nothing to run.
+        """
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return None
+        self.admission.started(batch.reqs)
+        pending = self.masks.start(batch)  # grammar masks on the worker, beside the forward
+        try:
+            output = self.runner.forward(batch.segments)
+        finally:
+            masks = pending.wait()  # the worker is idle past here: process() advances guides
+        self.forward_passes += 1
+        for req, exc in masks.errors.items():  # that request's error, not the whole step's
+            self._abort(req, mask_failure(exc))
+        samples = self.sampler.sample(batch, output, masks.masks)
+        finished = self.scheduler.process(batch, samples)
+        for req, sample in zip(batch.reqs, samples):
+            if req.is_finished or (req.stream and sample.token is not None):
+                self._publish(req)
+        return finished
+
+    def _abort(self, req: Req, reason: FinishReason) -> None:
+        """Ends a request outside the step (abort, engine fault, failed grammar), uncached."""
+        self.scheduler.abort(req)
+        req.finish_reason = reason
+        self.outputs.detokenizer(req).finish(req.output_ids, None)
+        self._publish(req)
+
+    def _publish(self, req: Req) -> None:
+        """Hands the request's progress since its last output to its sink; never after its last."""
+        if self._reqs.get(req.rid) is not req:  # its final output went out (a failed mask)
+            return
+        out = self.outputs.progress(req)
+        final = req.finish_reason is not None
+        sink = self._sinks.pop(req.rid, None) if final else self._sinks.get(req.rid)
+        if final:
+            self._reqs.pop(req.rid, None)
+            self.admission.ended(req.rid)
+        if sink is not None:
+            try:
+                sink(out)
+            except Exception:  # a broken sink must not stop the loop; its request ends
+                logger.exception("output sink of request %s failed", req.rid)
+                if not final:
+                    self._sinks.pop(req.rid, None)
+                    self.abort(req.rid)

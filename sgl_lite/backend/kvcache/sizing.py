@@ -1,0 +1,99 @@
+"""KV pool sizing from free memory, as SGLang's `--mem-fraction-static` does it (the arithmetic;
+`engine/memory.py` applies it to one model at start-up).
+
+SGLang gives weights plus KV pool a fixed fraction of the accelerator's memory; the pool gets
+what the weights leave. Here the same rule covers both devices, measured before the weights
+load:
+
+    pool bytes = free memory x fraction - weight bytes
+    pool tokens = pool bytes // (2 x layers x kv_heads x head_dim x dtype size)
+
+Free memory is `torch.cuda.mem_get_info` on CUDA and, on CPU, the kernel's `MemAvailable`
+(/proc/meminfo; `os.sysconf` where there is no /proc), lowered to what a cgroup limit leaves.
+Nothing is allocated here: the functions only read sizes (weights from safetensors headers).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+from sgl_lite.backend.config import DTYPES
+
+MIN_POOL_TOKENS = 16  # EngineConfig's lower bound for max_total_tokens
+
+
+def _meminfo_available(path: str = "/proc/meminfo") -> int | None:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _cgroup_headroom(root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes a cgroup v2 memory limit still leaves this process's group (None: no limit)."""
+    try:
+        limit = Path(root, "memory.max").read_text().strip()
+        used = int(Path(root, "memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(int(limit) - used, 0)
+
+
+def available_cpu_memory() -> int:
+    """Bytes of RAM this process could still take: MemAvailable, capped by a cgroup limit."""
+    free = _meminfo_available()
+    if free is None:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    headroom = _cgroup_headroom()
+    return free if headroom is None else min(free, headroom)
+
+
+def available_memory(device: str) -> int:
+    """Free bytes on `device` ("cpu" or a CUDA device) right now."""
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    return available_cpu_memory()
+
+
+def weight_bytes(folder: Path, dtype: str) -> int:
+    """Bytes the model's weights take once loaded in `dtype`, read from the safetensors headers
+    (8-byte little-endian header length, then a JSON header with each tensor's shape)."""
+    itemsize = DTYPES[dtype].itemsize
+    total = 0
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with open(file, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return total * itemsize
+
+
+def pool_tokens(fraction: float, available: int, weights: int, per_token: int) -> int:
+    """KV pool tokens for `fraction` of `available` bytes once `weights` bytes are loaded.
+
+    ValueError when the fraction leaves no room for a pool, naming the numbers.
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"mem_fraction_static must be in (0, 1], got {fraction}")
+    budget = int(available * fraction) - weights
+    tokens = budget // per_token if budget > 0 else 0
+    if tokens < MIN_POOL_TOKENS:
+        gib = 2**30
+        raise ValueError(
+            f"mem_fraction_static={fraction} of {available / gib:.2f} GiB free memory leaves "
+            f"{max(budget, 0) / gib:.2f} GiB after {weights / gib:.2f} GiB of weights: room for "
+            f"{tokens} KV tokens (at least {MIN_POOL_TOKENS} needed); raise the fraction or "
+            "free memory"
+        )
+    return tokens

@@ -1,0 +1,310 @@
+"""ModelRunner: owns the model weights and the KV pool, and runs one forward over a batch.
+
+A batch is a list of segments, one per request: the new tokens to compute, where they start, and
+the slots of the request's whole sequence (cached prefix + new tokens). The runner turns those
+into the attention metadata the model needs and returns the logits rows asked for. It knows
+nothing about requests, sampling or the radix tree.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.kvcache.kv_pool import KVPool
+from sgl_lite.backend.runner.decode_graphs import DecodeGraphs
+from sgl_lite.backend.runner.decode_kv import DecodeKV, KVView
+from sgl_lite.backend.runner.model_loader import (
+    ModelLoadError,
+    gguf_source,
+    load_config,
+    load_state_dict,
+)
+from sgl_lite.backend.runner.models import build_model, family_of
+from sgl_lite.backend.runner.models.llama import (
+    Attention,
+    AttentionGroup,
+    AttentionMetadata,
+    LlamaForCausalLM,
+    RotaryEmbedding,
+    head_dim_of,
+)
+from sgl_lite.backend.runner.weights.cpu import cpu_caps, rows_invariant, time_packed
+from sgl_lite.backend.runner.weights.formats import (
+    WeightFormat,
+    resolve_dense_dtype,
+    resolve_format,
+)
+from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
+from sgl_lite.backend.runner.weights.packing import pack_model, shape_problem
+from sgl_lite.backend.types import ForwardOutput, Segment
+
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
+logger = logging.getLogger("sgl_lite")
+
+
+class ModelRunner:
+    """Weights, KV pool and the batched forward pass."""
+
+    def __init__(self, model_folder: Path, config: EngineConfig) -> None:
+        started = time.perf_counter()
+        self.device = _checked_device(config.device)
+        self.hf_config = load_config(model_folder)
+        model_max = getattr(self.hf_config, "max_position_embeddings", 2048)
+        model_class = family_of(self.hf_config).model
+        # Llama attends over the whole sequence; a sliding-window model (Mistral) is exact only
+        # up to its window, so the window bounds the context. Gemma masks windows per layer.
+        window = getattr(self.hf_config, "sliding_window", None)
+        in_mask = getattr(model_class, "sliding_window_in_mask", False)
+        if getattr(self.hf_config, "use_sliding_window", True) and window and not in_mask:
+            model_max = min(model_max, window)
+        self.context_length = min(config.context_length or model_max, model_max)
+        with torch.device("meta"):  # no random init: every weight is loaded below
+            model = build_model(self.hf_config, self.context_length)  # RoPE tables on the CPU
+        state = load_state_dict(model_folder)
+        try:
+            model.load_hf_state_dict(state)
+        except ModelLoadError as exc:  # it names the tensor; add the folder
+            raise ModelLoadError(f"{model_folder}: {exc}") from exc
+        self.format, pack_note = self._pack(model, model_folder, config)
+        self.model = _placed(model, self.device, self.format.dense_dtype).eval()
+        for module in self.model.modules():
+            if isinstance(module, Attention):
+                module.attn_dtype = self.format.attn_dtype
+        self.vocab_size = self.hf_config.vocab_size
+        self.pool = KVPool(
+            num_layers=self.hf_config.num_hidden_layers,
+            num_slots=config.max_total_tokens,
+            num_kv_heads=self.hf_config.num_key_value_heads,
+            head_dim=head_dim_of(self.hf_config),
+            dtype=self.format.dense_dtype,
+            device=self.device,
+            scratch_slots=1,  # for the padded rows of graph-captured decode steps
+        )
+        # Captured decode steps build their own masks, without windows.
+        sliding = getattr(self.model, "sliding_window", None) is not None
+        self.graphs = DecodeGraphs(self) if DecodeGraphs.wanted(self) and not sliding else None
+        self.decode_kv = (
+            DecodeKV(self.pool, self.format.attn_dtype) if self.graphs is None else None
+        )
+        logger.info(
+            "sgl_lite weights: %s%s; load %.1fs",
+            self.format.describe(),
+            pack_note,
+            time.perf_counter() - started,
+        )
+
+    def _pack(
+        self, model: LlamaForCausalLM, folder: Path, config: EngineConfig
+    ) -> tuple[WeightFormat, str]:
+        """Resolves dtype/quantization for this file and CPU and packs the linears to match."""
+        caps = cpu_caps() if self.device.type == "cpu" else None
+        quantized = {}
+        source = gguf_source(folder) if config.quantization in ("auto", "int4") else None
+        if source is not None and self.device.type == "cpu":
+            quantized = read_quantized(source, self.hf_config)
+        layer_bits = {w.bits for n, w in quantized.items() if n.startswith("model.layers.")}
+        file_kind = {4: "int4", 8: "int8"}.get(layer_bits.pop()) if len(layer_bits) == 1 else None
+        kind = config.quantization if config.quantization in ("int4", "int8") else file_kind
+        problem = shape_problem(model, kind) if kind and self.device.type == "cpu" else None
+        if problem and config.quantization == "auto":
+            file_kind, note = None, f"; int kernels skipped: {problem}"
+        elif problem:
+            raise ValueError(problem)
+        else:
+            note = ""
+        fmt = resolve_format(
+            dtype=config.dtype,
+            quantization=config.quantization,
+            device=self.device.type,
+            caps=caps,
+            file_kind=file_kind,
+        )
+        if fmt.int_kind is None:
+            return fmt, note
+        dense = resolve_dense_dtype(config.dtype, self.device.type, caps)  # if `auto` drops them
+        try:
+            packed = pack_model(model, fmt.int_kind, quantized)
+            pairs = packed.probe_pairs()
+            invariant = rows_invariant(pairs[0][0])
+            timing = time_packed(fmt.int_kind, pairs, fmt.dense_dtype)
+        except RuntimeError as exc:  # the kernel is missing or fails on this build/CPU
+            if config.quantization != "auto":
+                msg = f"quantization={config.quantization} cannot run here: {exc}"
+                raise ValueError(msg) from exc
+            return fmt.dense_only(*dense, f"{fmt.int_kind} kernel failed: {exc}"), note
+        if not invariant:
+            why = f"{fmt.int_kind} kernel results depend on the batch's other rows here"
+            if config.quantization == "auto":
+                return fmt.dense_only(*dense, f"{why}: cache on/off would differ"), note
+            logger.warning("%s: greedy output may differ with the cache on and off", why)
+        if config.quantization == "auto" and not timing.wins:
+            return fmt.dense_only(*dense, f"{timing.describe()}: dense is faster here"), note
+        packed.install(model)
+        note += f"; kernels row-invariant; {timing.describe()}; {packed.report.describe()}"
+        return fmt, note
+
+    def forward(self, segments: list[Segment]) -> ForwardOutput:
+        """Runs one pass over all segments; returns the requested logits rows of all of them."""
+        graphs = getattr(self, "graphs", None)  # absent on runners built around a bare model
+        if graphs is not None:
+            replayed = graphs.run(segments)
+            if replayed is not None:
+                return replayed
+        input_ids = torch.tensor(
+            [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device
+        )
+        meta = self._metadata(segments, self._use_int(len(input_ids)))
+        try:
+            hidden = self.model(input_ids, meta, self.pool)  # (T, hidden)
+        except BaseException:
+            if getattr(self, "decode_kv", None) is not None:
+                self.decode_kv.reset()  # its copies may be half-updated
+            raise
+        rows: list[int] = []
+        ranges: list[tuple[int, int]] = []
+        offset = 0
+        for seg in segments:
+            first = len(rows)
+            rows.extend(range(offset + seg.logits_from, offset + len(seg.token_ids)))
+            ranges.append((first, len(rows)))
+            offset += len(seg.token_ids)
+        if rows:
+            picked = hidden.index_select(0, torch.tensor(rows, device=hidden.device))
+            logits = self.model.compute_logits(picked, self._use_int(len(rows)))  # (R, vocab)
+        else:
+            logits = None
+        return ForwardOutput(logits, ranges)
+
+    def _use_int(self, tokens: int) -> bool:
+        """Whether a pass over `tokens` rows runs the packed int kernels: every pass does in the
+        int modes, so a token's K/V is the same whichever pass computed it (see formats)."""
+        fmt = getattr(self, "format", None)  # absent on runners built around a bare model
+        return fmt is not None and fmt.int_kind is not None
+
+    def _metadata(self, segments: list[Segment], use_int: bool = False) -> AttentionMetadata:
+        dev = self.device
+        offsets = [0]
+        for seg in segments:
+            offsets.append(offsets[-1] + len(seg.token_ids))
+        positions = torch.cat([torch.arange(s.start, s.end) for s in segments]).to(dev)
+        cos, sin = self.model.rope.tables(positions, self.model.embed_tokens.weight.dtype)
+        decodes = [i for i, s in enumerate(segments) if len(s.token_ids) == 1]
+        extends = [i for i, s in enumerate(segments) if len(s.token_ids) > 1]
+        decode_kv = getattr(self, "decode_kv", None)  # absent on runners built around a model
+        kv_view = decode_kv.plan(segments) if decode_kv is not None else None
+        groups = tuple(
+            self._group(
+                [segments[i] for i in members], [offsets[i] for i in members], offsets[-1], kv_view
+            )
+            for members in (extends, decodes)
+            if members
+        )
+        return AttentionMetadata(
+            positions=positions,
+            cos=cos,
+            sin=sin,
+            out_slots=torch.cat([s.kv_slots[s.start :] for s in segments]).to(dev),
+            groups=groups,
+            use_int=use_int,
+        )
+
+    def _group(
+        self, segments: list[Segment], offsets: list[int], total: int, kv_view: KVView | None
+    ) -> AttentionGroup:
+        lens = [len(s.token_ids) for s in segments]
+        q_lens = torch.tensor(lens)
+        batch, max_q = len(segments), max(lens)
+        padded = min(lens) < max_q  # some rows of the (B, Q) query layout are padding
+        max_k = max(s.end for s in segments)
+        i = torch.arange(max_q)
+        q_valid = i[None, :] < q_lens[:, None]  # (B, Q)
+        q_rows = torch.tensor(offsets)[:, None] + i[None, :]  # (B, Q) rows in the flat matrix
+        q_pos = torch.tensor([s.start for s in segments])[:, None] + i[None, :]  # (B, Q)
+        kv_slots = torch.zeros(batch, max_k, dtype=torch.long)
+        for b, seg in enumerate(segments):
+            kv_slots[b, : seg.end] = seg.kv_slots
+        # A query sees keys at positions <= its own; keys past a row's length are padding.
+        mask = torch.arange(max_k)[None, None, :] <= q_pos[:, :, None]  # (B, Q, K)
+        # Padding query rows attend to key 0 only, so softmax never sees an all-masked row.
+        if padded:
+            mask &= q_valid[:, :, None]
+            mask[:, :, 0] |= ~q_valid
+        # Sliding-window layers (Gemma) see keys in (p - window, p]; only long groups cut any.
+        window = getattr(self.model, "sliding_window", None)
+        near = None
+        if window is not None and max_k > window:
+            near = mask & (torch.arange(max_k)[None, None, :] > q_pos[:, :, None] - window)
+            if padded:
+                near[:, :, 0] |= ~q_valid
+        # The G query heads of one KV head attend as G*Q query rows (see Attention._attend).
+        config = self.model.config
+        per_kv = config.num_attention_heads // config.num_key_value_heads
+
+        def per_head_rows(m: torch.Tensor) -> torch.Tensor:  # (B, Q, K) → (B, 1, G*Q, K)
+            m = m[:, None, None].expand(batch, 1, per_kv, max_q, max_k)
+            return m.reshape(batch, 1, per_kv * max_q, max_k).to(self.device)
+
+        mask = None if bool(mask.all()) else per_head_rows(mask)
+        window_mask = None if near is None else per_head_rows(near)
+        dev = self.device
+        # The real queries' positions, from the lengths in Python: boolean indexing and
+        # nonzero on these tiny tensors cost ~0.4 ms a pass, 1 % of a batch-1 decode step.
+        q_flat = [b * max_q + j for b, n in enumerate(lens) for j in range(n)]
+        rows = [offsets[b] + j for b, n in enumerate(lens) for j in range(n)]
+        return AttentionGroup(
+            q_index=(torch.where(q_valid, q_rows, 0) if padded else q_rows).to(dev),
+            q_flat=torch.tensor(q_flat, dtype=torch.long, device=dev),
+            rows=torch.tensor(rows, dtype=torch.long, device=dev),
+            kv_slots=kv_slots.to(dev),
+            kv_flat=kv_slots.flatten().to(dev),
+            mask=mask,
+            window_mask=window_mask,
+            rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
+            kv_view=kv_view,
+        )
+
+
+def _placed(model: ModelT, device: torch.device, dtype: torch.dtype) -> ModelT:
+    """`model` on `device` with its weights in `dtype`; RoPE tables stay float32.
+
+    The tables are looked up once per pass and cast to the activations' dtype there; had they
+    gone through `dtype` here, a float16 model would get bf16-rounded positions (a float32 →
+    bf16 → float32 round trip cannot restore the bits).
+    """
+    ropes = [m for m in model.modules() if isinstance(m, RotaryEmbedding)]
+    tables = [(m.cos, m.sin) for m in ropes]
+    model.to(device=device, dtype=dtype)
+    for rope, (cos, sin) in zip(ropes, tables):
+        rope.cos, rope.sin = cos.to(device), sin.to(device)
+    return model
+
+
+def _checked_device(device: str) -> torch.device:
+    """The torch device, or a clear error when the machine does not have it."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r} but CUDA is not available (torch {torch.__version__}, "
+            f"cuda build: {torch.version.cuda}); available: cpu"
+        )
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+    if dev.type == "cuda":
+        # Always with an index: `torch.cuda.set_device` (each loop thread calls it) refuses a
+        # bare "cuda", and the engine's tensors must all live on the one device it names.
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+        if index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA "
+                f"device(s): use cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+            )
+        dev = torch.device("cuda", index)
+    return dev

@@ -1,0 +1,255 @@
+"""The quantized tensors of a GGUF file, read raw (not dequantized) and named as in transformers.
+
+Only the block formats that map onto our int kernels are decoded: Q4_0 and Q4_1 (4-bit codes,
+groups of 32) and Q8_0 (8-bit codes, groups of 32). Other tensors are left to the dequantized
+safetensors copy the loader made. llama.cpp's converter permutes the rows of a Llama model's
+q/k projections (its RoPE pairs adjacent dimensions, HF's pairs halves); we undo it exactly as
+transformers' GGUF loader does, so the rows line up with the safetensors weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PretrainedConfig
+
+from sgl_lite.backend.runner.weights.quant import GROUP, GroupAffine
+
+# GGUF tensor name (after "blk.{i}.") → transformers name (after "model.layers.{i}.")
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output": "lm_head"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """`blk.3.ffn_up.weight` → `model.layers.3.mlp.up_proj.weight`; None for other tensors."""
+    parts = gguf_name.split(".")
+    if parts[-1] != "weight":
+        return None
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.weight"
+    if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[parts[0]]}.weight"
+    return None
+
+
+def _decode_blocks(kind: str, raw: np.ndarray, rows: int) -> GroupAffine:
+    """Raw block bytes (rows, bytes per row) → codes, scales and offsets."""
+    if kind in ("Q4_0", "Q4_1"):
+        head = 2 if kind == "Q4_0" else 4  # fp16 d (and fp16 m for Q4_1), then 16 code bytes
+        blocks = raw.reshape(rows, -1, head + GROUP // 2)
+        d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        if kind == "Q4_1":
+            offset = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        else:  # Q4_0: w = d * (q - 8)
+            offset = -8 * d
+        codes = blocks[..., head:]
+        # a block's first 16 weights are the low nibbles, the last 16 the high ones
+        q = np.concatenate([codes & 0x0F, codes >> 4], axis=-1).reshape(rows, -1)
+        return GroupAffine(
+            torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(offset), bits=4
+        )
+    if kind == "Q8_0":
+        blocks = raw.reshape(rows, -1, 2 + GROUP)
+        d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        q = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
+        return GroupAffine(
+            torch.from_numpy(q), torch.from_numpy(d), torch.zeros_like(torch.from_numpy(d)), bits=8
+        )
+    raise ValueError(f"unsupported GGUF block type {kind}")
+
+
+def _unpermute_rows(rows: int, n_head: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's q/k permutation for `n_head` heads."""
+    index = torch.arange(rows)
+    return index.view(n_head, rows // n_head // 2, 2).transpose(1, 2).reshape(rows)
+
+
+# ggml type ids of the block formats we decode, and bytes per block of 32 weights
+_BLOCK_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
+# GGUF metadata value types with a fixed size: type id → struct format
+_SCALARS = {
+    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+    12: "<d",
+}  # fmt: skip
+_STRING, _ARRAY = 8, 9
+_MAX_DIMS = 8  # ggml's GGML_MAX_DIMS is 4; anything far above is a corrupt header
+
+
+class GGUFFormatError(ValueError):
+    """A file that is not a complete GGUF: bad magic, a corrupt header or truncated tensor data."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor's entry in the header: dims innermost first, as GGUF lists them."""
+
+    name: str
+    dims: tuple[int, ...]
+    type_id: int
+    offset: int  # from the start of the data section
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """The parsed header of a GGUF file: scalar and string metadata, tensor entries, and where
+    the tensor data starts. Array metadata (the vocabulary) is skipped, not decoded."""
+
+    metadata: dict[str, Any]
+    tensors: tuple[TensorInfo, ...]
+    data_start: int
+    header_digest: str  # sha256 of the header bytes: changes whenever metadata or layout does
+
+    @property
+    def architecture(self) -> str:
+        """`general.architecture` (e.g. "llama", "qwen2"); "" when the file names none."""
+        return str(self.metadata.get("general.architecture", ""))
+
+
+class _Cursor:
+    """Reads little-endian GGUF header fields from a memory-mapped file, bounds-checked."""
+
+    def __init__(self, data: mmap.mmap | bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def unpack(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.data):
+            raise GGUFFormatError("the header ends early (file truncated?)")
+        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        n = self.unpack("<Q")
+        if self.pos + n > len(self.data):
+            raise GGUFFormatError("a header string runs past the end of the file")
+        self.pos += n
+        return bytes(self.data[self.pos - n : self.pos]).decode("utf-8", errors="replace")
+
+    def value(self, kind: int) -> Any:
+        """One metadata value; arrays are skipped (None), everything else is returned."""
+        if kind in _SCALARS:
+            return self.unpack(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string()
+        if kind != _ARRAY:
+            raise GGUFFormatError(f"corrupt header: unknown value type {kind}")
+        item, count = self.unpack("<I"), self.unpack("<Q")
+        if item in _SCALARS:
+            size = struct.calcsize(_SCALARS[item]) * count
+            if self.pos + size > len(self.data):
+                raise GGUFFormatError("a header array runs past the end of the file")
+            self.pos += size
+        else:  # strings (the vocabulary): each carries its own length
+            for _ in range(count):
+                self.value(item)
+        return None
+
+
+def _tensor_bytes(info: TensorInfo) -> int:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(info.type_id)]
+    except (ValueError, KeyError):
+        raise GGUFFormatError(
+            f"tensor {info.name!r} has unknown ggml type {info.type_id}"
+        ) from None
+    return int(np.prod(info.dims)) // block * type_size
+
+
+def _parse(data: mmap.mmap | bytes, check_data: bool) -> GGUFHeader:
+    if bytes(data[:4]) != b"GGUF":
+        raise GGUFFormatError("not a GGUF file (no GGUF magic)")
+    cur = _Cursor(data)
+    cur.pos = 4
+    version, n_tensors, n_kv = cur.unpack("<I"), cur.unpack("<Q"), cur.unpack("<Q")
+    if version < 2:
+        raise GGUFFormatError(f"GGUF version {version} is not supported")
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        value = cur.value(cur.unpack("<I"))
+        if value is not None:
+            metadata[key] = value
+    alignment = int(metadata.get("general.alignment") or 32)
+    infos = []
+    for _ in range(n_tensors):
+        name, n_dims = cur.string(), cur.unpack("<I")
+        if n_dims > _MAX_DIMS:
+            raise GGUFFormatError(f"corrupt header: tensor {name!r} has {n_dims} dimensions")
+        dims = tuple(cur.unpack("<Q") for _ in range(n_dims))
+        infos.append(TensorInfo(name, dims, cur.unpack("<I"), cur.unpack("<Q")))
+    digest = hashlib.sha256(data[: cur.pos]).hexdigest()
+    base = -(-cur.pos // alignment) * alignment
+    if check_data:
+        for info in infos:
+            end = base + info.offset + _tensor_bytes(info)
+            if end > len(data):
+                raise GGUFFormatError(
+                    f"tensor {info.name!r} ends at byte {end} but the file has {len(data)} "
+                    "bytes (truncated?)"
+                )
+    return GGUFHeader(metadata, tuple(infos), base, digest)
+
+
+def read_header(path: Path, check_data: bool = True) -> GGUFHeader:
+    """Parses the header of the GGUF file at `path`; with `check_data`, also checks that every
+    tensor's bytes lie inside the file, so a truncated download is caught before any work.
+
+    Raises GGUFFormatError (a ValueError) for anything that is not a complete GGUF file. The
+    header is parsed here rather than with `gguf.GGUFReader`, which decodes every vocabulary
+    string into Python objects and takes seconds for a 49k-token vocabulary.
+    """
+    with open(path, "rb") as file:
+        if os.fstat(file.fileno()).st_size == 0:
+            raise GGUFFormatError("the file is empty")
+        data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return _parse(data, check_data)
+    finally:
+        data.close()
+
+
+def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffine]:
+    """Every Q4_0/Q4_1/Q8_0 weight of the file, by transformers parameter name.
+
+    q/k rows are un-permuted exactly when transformers' GGUF loader un-permutes them: for files
+    whose `general.architecture` is "llama" (llama.cpp permutes Llama and Mistral, not Qwen2).
+    """
+    header = read_header(path)
+    permute = header.architecture == "llama"
+    out: dict[str, GroupAffine] = {}
+    with open(path, "rb") as file:
+        data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    for info in header.tensors:
+        hf, block = hf_name(info.name), _BLOCK_TYPES.get(info.type_id)
+        if hf is None or block is None:
+            continue
+        block_kind, block_bytes = block
+        rows, cols = int(np.prod(info.dims[1:])), info.dims[0]  # innermost dimension first
+        size = rows * cols // GROUP * block_bytes
+        raw = np.frombuffer(data, np.uint8, size, header.data_start + info.offset)
+        raw = raw.reshape(rows, -1)
+        if permute and hf.endswith(("q_proj.weight", "k_proj.weight")):
+            # whole rows of blocks move, so permuting the raw bytes is exact and cheap
+            heads = config.num_key_value_heads if "k_proj" in hf else config.num_attention_heads
+            raw = raw[_unpermute_rows(rows, heads).numpy()]
+        out[hf] = _decode_blocks(block_kind, raw, rows)
+    return out

@@ -1,0 +1,225 @@
+"""`POST /v1/chat/completions`: OpenAI chat, structured output and tool calling.
+
+The body is checked field by field (`compat.chat_body`: nothing is dropped silently), the
+messages and tools become one prompt (`tools.chat_prompt`), `response_format` or a required /
+named tool choice becomes the generation's constraint, and the engine's text comes back as
+content or as `tool_calls` (`tool_parser`), whole or as streaming deltas.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from sgl_lite.server import compat
+from sgl_lite.server.bridge import EngineBridge
+from sgl_lite.server.openai.completions import (
+    _ALIASES,
+    _chat_logprobs,
+    _finish,
+    _Reply,
+    _streaming,
+    model_checker,
+)
+from sgl_lite.server.openai.tool_formats import marker_is_special, resolve_format
+from sgl_lite.server.openai.tool_parser import Scan, ToolDeltas, message, scan
+from sgl_lite.server.openai.tools import (
+    ToolPlan,
+    chat_messages,
+    chat_prompt,
+    constraint,
+    plan_tools,
+    template_renders_tools,
+)
+from sgl_lite.server.protocol import ApiError, ChatCompletionRequest, JsonResponse, parse, read_json
+
+_IMPLEMENTED = set(ChatCompletionRequest.model_fields)
+ANY_OBJECT_SCHEMA = json.dumps({"type": "object"})
+
+
+def add_chat_routes(
+    app: FastAPI,
+    bridge: EngineBridge,
+    *,
+    served_model_name: str,
+    accepted_names: set[str],
+    max_body_bytes: int,
+) -> None:
+    """Adds `/v1/chat/completions` to `app`."""
+    engine = bridge.engine
+    check_model = model_checker(served_model_name, accepted_names)
+    tokenizer = getattr(engine, "tokenizer", None)  # NOTE: test engines may have none
+    fmt = resolve_format(
+        getattr(engine.config, "tool_call_parser", "auto"),
+        tokenizer,
+        template_renders_tools(tokenizer),
+    )
+    # NOTE: a marker that is one special token (Mistral's [TOOL_CALLS]) is dropped by decoding
+    # with skip_special_tokens, so "auto" answers keep special tokens and shed the ending ones
+    keep_special = marker_is_special(fmt, tokenizer)
+    ending = tuple(t for t in getattr(tokenizer, "all_special_tokens", ()) if t)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        body = compat.chat_body(await read_json(request, max_body_bytes), _IMPLEMENTED)
+        req = parse(ChatCompletionRequest, body)
+        check_model(req.model)
+        if req.top_logprobs and not req.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, fmt)
+        try:
+            text = chat_prompt(
+                engine.tokenizer,
+                chat_messages(req.messages),
+                plan,
+                template_kwargs=_template_kwargs(req.chat_template_kwargs),
+            )
+        except ApiError:
+            raise
+        except Exception as exc:
+            raise ApiError(400, f"chat template failed: {exc}", param="messages") from None
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        max_tokens = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        )
+        if max_tokens is None:  # until EOS: whatever room the context and the pool leave
+            max_tokens = engine.max_new_tokens_room(len(ids))
+        params = {**req.sampling_params(max_tokens), **_constraint(req, plan, engine)}
+        raw = plan.mode == "auto" and keep_special and req.skip_special_tokens
+        if raw:
+            params["skip_special_tokens"] = False
+        shed = ending if raw else ()
+        sub = await bridge.submit(
+            input_ids=ids,
+            sampling_params=params,
+            rid=req.rid,
+            aliases={**_ALIASES, "input_ids": "messages"},
+            return_logprob=req.logprobs,
+            top_logprobs_num=req.top_logprobs or 0,
+            return_text_in_logprobs=True,
+            overload_status=429,
+            timeout=req.timeout,
+        )
+        reply = _Reply("chatcmpl", "chat.completion", served_model_name, req.n)
+        include_usage = req.stream_options and req.stream_options.include_usage
+        if req.stream:
+            convert = reply.chat_chunk if plan.mode == "none" else _ToolChunks(plan, reply, shed)
+            return await _streaming(sub, bridge, convert, reply, include_usage)
+        results = await bridge.collect(sub, request)
+        choices = []
+        for i, r in enumerate(results):
+            finish = _finish(r["meta_info"])
+            if plan.mode == "none":
+                msg: dict[str, Any] = {"role": "assistant", "content": r["text"]}
+            else:
+                result = scan(plan, _shed(r["text"], shed), final=True)
+                msg = message(result)
+                finish = _tool_finish(finish, result)
+            choices.append(
+                {
+                    "index": i,
+                    "message": msg,
+                    "logprobs": _chat_logprobs(r["meta_info"], 0) if req.logprobs else None,
+                    **finish,
+                }
+            )
+        return JsonResponse(reply.body(choices, results))
+
+
+# apply_chat_template's own parameters and the variables the server sets itself
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "messages", "tools", "documents", "add_generation_prompt", "tokenize"}
+    | {"continue_final_message", "return_dict", "return_tensors", "chat_template"}
+)
+
+
+def _template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """`chat_template_kwargs` as template variables; a 400 for one the server sets itself."""
+    for key in kwargs or {}:
+        if key in _RESERVED_TEMPLATE_KWARGS:
+            raise ApiError(
+                400,
+                f"chat_template_kwargs.{key} is set by the server from the request "
+                f"(reserved: {', '.join(sorted(_RESERVED_TEMPLATE_KWARGS))})",
+                param=f"chat_template_kwargs.{key}",
+            )
+    return dict(kwargs or {})
+
+
+def _constraint(req: ChatCompletionRequest, plan: ToolPlan, engine: Any) -> dict[str, str]:
+    """The regex / json_schema sampling param from response_format or a forced tool call."""
+    fmt = req.response_format
+    given = [
+        name
+        for name, on in (
+            ("response_format", fmt is not None and fmt.type != "text"),
+            ("regex", req.regex is not None),
+            ("json_schema", req.json_schema is not None),
+            ("tool_choice", plan.mode in ("required", "named")),
+        )
+        if on
+    ]
+    if len(given) > 1:
+        raise ApiError(
+            400, f"give one of {' and '.join(given)}: each sets the output's format", param=given[0]
+        )
+    if plan.mode in ("required", "named"):
+        return constraint(plan, engine.builder.compiler)
+    if fmt is None or fmt.type == "text":
+        return {}
+    if fmt.type == "json_object":
+        # any JSON object, any depth: the engine builds this schema as a recursive grammar
+        # (llguidance) and checks the output parses to an object before it is returned
+        return {"json_schema": ANY_OBJECT_SCHEMA}
+    if fmt.json_schema is None:
+        raise ApiError(
+            400,
+            "response_format json_schema needs its json_schema field",
+            param="response_format.json_schema",
+        )
+    return {"json_schema": json.dumps(fmt.json_schema.schema_)}
+
+
+def _tool_finish(finish: dict[str, Any], result: Scan) -> dict[str, Any]:
+    """OpenAI's finish reason: "tool_calls" when a call ends the turn."""
+    if result.calls and finish["finish_reason"] == "stop":
+        return {**finish, "finish_reason": "tool_calls"}
+    return finish
+
+
+def _shed(text: str, ending: tuple[str, ...]) -> str:
+    """`text` without the special tokens (EOS, end of turn) that close it."""
+    while ending:
+        cut = next((t for t in ending if text.endswith(t)), None)
+        if cut is None:
+            return text
+        text = text[: -len(cut)]
+    return text
+
+
+class _ToolChunks:
+    """Converts one request's engine chunks into chat chunks with content/tool-call deltas."""
+
+    def __init__(self, plan: ToolPlan, reply: _Reply, shed: tuple[str, ...] = ()) -> None:
+        self.plan, self.reply, self.shed = plan, reply, shed
+        self.deltas: dict[int, ToolDeltas] = {}
+
+    def __call__(self, chunk: dict, first: bool) -> dict[str, Any] | None:
+        i, meta = chunk["index"], chunk["meta_info"]
+        finish = _finish(meta)
+        final = finish["finish_reason"] is not None
+        # only the last chunk ends with the EOS text (as the non-streamed answer does)
+        result = scan(self.plan, _shed(chunk["text"], self.shed if final else ()), final)
+        delta = self.deltas.setdefault(i, ToolDeltas()).delta(result, final)
+        start = self.reply._new_logprobs(chunk)
+        if not delta and not first and not final:
+            return None
+        choice = {
+            "index": i,
+            "delta": {"role": "assistant", **delta} if first else delta,
+            "logprobs": _chat_logprobs(meta, start) if "output_token_logprobs" in meta else None,
+            **_tool_finish(finish, result),
+        }
+        return self.reply.chunk([choice])
