@@ -6,7 +6,7 @@ STAMP := $(VENV)/.setup-done
 SGL05 := .venv-sglang05
 THREADS ?= 2
 
-.PHONY: setup demo test test-fast lint serve bench bench-peers clean
+.PHONY: setup demo test test-fast test-tier lint serve bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -31,13 +31,20 @@ $(STAMP): pyproject.toml
 demo: setup
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) examples/quickstart.py
 
-# Every tier: unit, model, e2e (SmolLM2) and cuda (skipped without a device).
+# Every tier (tests/support/tiers.py): unit, model, tokenizer, e2e, process, and cuda (skipped
+# without a device); the 25 slowest tests are listed at the end. What .ci/run runs.
 test: setup
-	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q tests
+	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=25 tests
 
-# The tiers without SmolLM2: unit (no model files) and model (tiny random configs); < 1 minute.
+# No SmolLM2 file at all: unit (fakes, tokenizers built in the test) and model (tiny random
+# configs). Under 60 s on a quiet 2-core machine; the 25 slowest are printed to keep it there.
 test-fast: setup
-	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q -m "unit or model" tests
+	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=25 -m "unit or model" tests
+
+# One tier, or any marker expression: `make test-tier TIER=tokenizer`, TIER="e2e or process".
+test-tier: setup
+	$(if $(TIER),,$(error TIER is one of unit, model, tokenizer, e2e, process, cuda))
+	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=25 -m "$(TIER)" tests
 
 # Style, and the import-linter contracts in pyproject.toml (the frontend's layers, light modules).
 lint: setup

@@ -316,7 +316,7 @@ def _tree_of(source: Any, api_key: str | None) -> dict[str, Any]:
     if isinstance(source, str):
         return fetch_tree(source, api_key)
     for candidate in (source, getattr(source, "engine", None)):  # an Engine, EngineBackend
-        if callable(getattr(candidate, "cache_tree", None)):
+        if candidate is not None and callable(getattr(candidate, "cache_tree", None)):
             return candidate.cache_tree()
     base_url = getattr(getattr(source, "backend", source), "base_url", None)
     if isinstance(base_url, str):  # a RuntimeEndpoint, or a Runtime around one

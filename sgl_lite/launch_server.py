@@ -3,9 +3,11 @@
 Parses SGLang's server flags, builds one Engine, and serves `create_app(engine)` under uvicorn.
 Binds to loopback unless --host says otherwise. The deployment guide's command lines work as
 written: SGLang's common flags are accepted under their names (`--mem-fraction-static`,
-`--tp-size 1`, `--trust-remote-code`, ...), and an SGLang flag sgl_lite does not have is an
-error that names it and the nearest flag it does have. `--dp N` serves N worker processes
-behind sglang-router as one command (`cluster.py`).
+`--tp-size 1`, `--trust-remote-code`, ...); SGLang's tuning flags that mean nothing on this
+engine (`--cuda-graph-max-bs`, `--enable-torch-compile`, ...) are accepted, logged once as
+ignored at start-up and listed apart in --help (`IGNORED_FLAGS`, the one list of them); any
+other SGLang flag sgl_lite does not have is an error that names it and the nearest flag it does
+have. `--dp N` serves N worker processes behind sglang-router as one command (`cluster.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import sys
 import threading
 import time
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 logger = logging.getLogger("sgl_lite.server")
 
@@ -30,10 +32,75 @@ ROUTER_HINT = (
 )
 
 
+class IgnoredFlag(NamedTuple):
+    """An SGLang flag accepted as a no-op: a GPU or scheduler tuning knob with nothing to tune
+    here. `only`: the values that are no-ops (others are refused); empty means any."""
+
+    flag: str
+    takes_value: bool
+    why: str
+    only: tuple[str, ...] = ()
+    many: bool = False  # takes a list of values (`--cuda-graph-bs 1 2 4`)
+
+
+_NO_CUSTOM_KERNELS = "this engine runs its own torch code; there is no kernel backend to choose"
+_GRAPH_SIZES = "CUDA graphs are captured at fixed batch sizes (1, 2, 4, ... 32)"
+_ONE_DEVICE = "one device per process: there is no collective communication to tune"
+IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
+    IgnoredFlag("--cuda-graph-max-bs", True, _GRAPH_SIZES),
+    IgnoredFlag("--cuda-graph-bs", True, _GRAPH_SIZES, many=True),
+    IgnoredFlag("--disable-cuda-graph-padding", False, "graphs always pad to a captured size"),
+    IgnoredFlag(
+        "--disable-overlap-schedule",
+        False,
+        "scheduling does not overlap the forward pass; grammar masks do (--disable-overlap-masks)",
+    ),
+    IgnoredFlag("--enable-torch-compile", False, "the model runs eagerly (or from CUDA graphs)"),
+    IgnoredFlag("--torch-compile-max-bs", True, "the model is never torch.compile'd"),
+    IgnoredFlag("--attention-backend", True, _NO_CUSTOM_KERNELS),
+    IgnoredFlag("--prefill-attention-backend", True, _NO_CUSTOM_KERNELS),
+    IgnoredFlag("--decode-attention-backend", True, _NO_CUSTOM_KERNELS),
+    IgnoredFlag("--sampling-backend", True, _NO_CUSTOM_KERNELS),
+    IgnoredFlag(
+        "--kv-cache-dtype",
+        True,
+        "the KV cache is kept in the weights' dtype (--dtype); only 'auto' is accepted",
+        only=("auto",),
+    ),
+    IgnoredFlag(
+        "--schedule-conservativeness",
+        True,
+        "a prompt is admitted when it fits and decode preempts when slots run short: no "
+        "new-token estimate to tune",
+    ),
+    IgnoredFlag(
+        "--enable-mixed-chunk",
+        False,
+        "prefill batches always carry the running requests' decode tokens",
+    ),
+    IgnoredFlag("--enable-p2p-check", False, _ONE_DEVICE),
+    IgnoredFlag("--disable-custom-all-reduce", False, _ONE_DEVICE),
+    IgnoredFlag("--stream-interval", True, "every token is streamed as it is decoded"),
+    IgnoredFlag("--skip-server-warmup", False, "the server sends no warm-up request"),
+    IgnoredFlag("--log-requests", False, "requests are not logged; --log-level debug logs access"),
+    IgnoredFlag("--log-requests-level", True, "requests are not logged"),
+    IgnoredFlag("--decode-log-interval", True, "no periodic decode log; see /metrics"),
+    IgnoredFlag("--enable-metrics", False, "/metrics is always served"),
+    IgnoredFlag(
+        "--enable-cache-report", False, "usage always reports prompt_tokens_details.cached_tokens"
+    ),
+)
+
+
+def _ignored_dest(flag: IgnoredFlag) -> str:
+    return "ignored_" + flag.flag.lstrip("-").replace("-", "_")
+
+
 class _SGLangParser(argparse.ArgumentParser):
     """argparse that answers an unknown flag with the nearest flag we have (difflib)."""
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    # NOTE: argparse's own (overloaded) signature, so no annotations that would narrow it
+    def parse_args(self, args=None, namespace=None):
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             self.error(self.describe_unknown(extras))
@@ -92,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tool-call-parser",
         default=None,
         help="how tool_choice 'auto' answers are read: auto (from the chat template), hermes, "
-        "llama3_json, mistral, granite or phi4_mini",
+        "llama3_json, mistral, granite, phi4_mini or pythonic; SGLang's llama3, qwen and "
+        "qwen25 name the same formats as llama3_json, hermes and hermes",
     )
     p.add_argument("--constrained-json-whitespace-pattern", default=None)
     p.add_argument("--disable-jump-forward", action="store_true")
@@ -102,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="compute grammar masks after the forward pass instead of beside it",
     )
     p.add_argument("--grammar-compile-timeout", type=float, default=None)
+    p.add_argument(
+        "--disable-cuda-graph",
+        action="store_true",
+        help="run CUDA decode steps eagerly instead of replaying captured graphs",
+    )
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument(
@@ -181,10 +254,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a .jinja/.json file, Jinja source, or a template name (chatml, llama-3-instruct...)",
     )
-    p.add_argument(
-        "--enable-metrics", action="store_true", help="accepted; /metrics is always served"
+    ignored = p.add_argument_group(
+        "SGLang flags accepted and ignored",
+        "Tuning knobs with nothing to tune on this engine; each one given is logged at start-up.",
     )
+    for flag in IGNORED_FLAGS:
+        kwargs: dict = {"dest": _ignored_dest(flag), "default": None, "help": flag.why}
+        if flag.takes_value:
+            kwargs |= {"metavar": "VALUE", "nargs": "+" if flag.many else None}
+        else:
+            kwargs["action"] = "store_true"
+        ignored.add_argument(flag.flag, **kwargs)
     return p
+
+
+def ignored_flags(args: argparse.Namespace) -> list[IgnoredFlag]:
+    """The no-op flags the command line gave (see IGNORED_FLAGS)."""
+    return [f for f in IGNORED_FLAGS if getattr(args, _ignored_dest(f)) not in (None, False)]
+
+
+def log_ignored_flags(args: argparse.Namespace) -> None:
+    """Logs each no-op flag given, once, with why it changes nothing."""
+    for flag in ignored_flags(args):
+        logger.warning("ignored: %s (%s)", flag.flag, flag.why)
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -220,6 +312,17 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(f"--chat-template: {exc}; SGLang names: {', '.join(sorted(TEMPLATES))}")
     if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
         parser.error(f"--mem-fraction-static must be in (0, 1], got {args.mem_fraction_static}")
+    if args.tool_call_parser is not None:
+        from sgl_lite.server.openai.tool_formats import parser_for_flag
+
+        try:
+            args.tool_call_parser = parser_for_flag(args.tool_call_parser)
+        except ValueError as exc:
+            parser.error(str(exc))
+    for flag in ignored_flags(args):
+        value = getattr(args, _ignored_dest(flag))
+        if flag.only and value not in flag.only:
+            parser.error(f"{flag.flag} {value}: {flag.why}")
 
 
 _ENGINE_FLAGS = (
@@ -287,6 +390,7 @@ def main(argv: list[str] | None = None) -> None:
         logging.basicConfig(
             level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s"
         )
+        log_ignored_flags(args)
         sys.exit(serve_cluster(args, argv))
 
     import uvicorn
@@ -299,6 +403,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    log_ignored_flags(args)
+    if args.disable_cuda_graph:
+        from sgl_lite.backend.runner.decode_graphs import DISABLE_ENV
+
+        os.environ[DISABLE_ENV] = "1"  # read by the model runner when it builds the graphs
     started = time.perf_counter()
     kwargs = engine_kwargs(args)
     if args.mem_fraction_static is not None:

@@ -21,7 +21,7 @@ SCHEDULE_POLICIES = ("lpm", "fcfs")
 GRAMMAR_BACKENDS = ("outlines", "llguidance", "xgrammar", "auto")  # see constrained/compiler.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # how "auto" tool-choice answers are read (see server/tool_formats.py)
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "granite", "phi4_mini")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "granite", "phi4_mini", "pythonic")
 
 
 def default_device() -> str:

@@ -26,7 +26,7 @@ from sgl_lite.backend.errors import InvalidRequest
 from sgl_lite.backend.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from sgl_lite.backend.constrained import Guide
+    from sgl_lite.backend.constrained.protocols import Grammar, Guide
     from sgl_lite.backend.kvcache.radix_cache import TreeNode
     from sgl_lite.backend.scheduler.detokenizer import IncrementalDetokenizer
     from sgl_lite.backend.scheduler.logprobs import InputLogprobs, LogprobState, TokenLogprobs
@@ -49,7 +49,7 @@ class FinishReason:
     """
 
     type: Literal["stop", "length", "abort"]
-    matched: int | str | None = None  # stop: the token id or text that matched, None = grammar
+    matched: int | str | None = None  # stop: token id, stop string or regex pattern; None: grammar
     length: int | None = None  # length: the max_new_tokens reached
     message: str | None = None  # abort: what happened
     error: Exception | None = field(default=None, compare=False)
@@ -108,7 +108,7 @@ class ReqOutput:
     e2e_latency: float
     finish_reason: FinishReason | None = None
     logprobs: LogprobDelta | None = None  # None: the request asked for no logprobs
-    # budget_closed / constraint_violation of a finished constrained request (constrained/guide.py)
+    # budget_closed / constraint_violation of a finished constrained request (Guide.meta_info)
     constraint: dict[str, Any] | None = None
 
     @property
@@ -155,7 +155,7 @@ class Req:
     finish_reason: FinishReason | None = None
     cached_tokens: int = 0
     guide: Guide | None = None
-    grammar_future: Future | None = None
+    grammar_future: Future[Grammar] | None = None
     generator: torch.Generator | None = None
     forced_tokens: int = 0
     ids_sent: int = 0  # output_ids[:ids_sent] were published and not replaced since

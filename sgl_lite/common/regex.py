@@ -1,5 +1,10 @@
 """The regexes constrained decoding takes: one validator, and the patterns of `dtype=`.
 
+`dtype_to_regex` gives the one pattern of each `gen(dtype=...)` / `gen_int()` type, used by
+the frontend and the engine alike. Its numbers have bounded digits (INT_MAX_DIGITS, the bounds
+JSON Schema numbers follow too): SGLang's `[-+]?[0-9]+` lets a model write digits until
+max_new_tokens runs out.
+
 `validate_regex` is the single check of "can this regex become a finite automaton": the
 frontend runs it where `gen(regex=...)` is written and the grammar compiler before it builds an
 index, so the two can never disagree. It parses with Python's own regex parser and rejects what
@@ -11,14 +16,16 @@ anyway; `$` is accepted). tests/unit/test_frontend_common.py checks the two agre
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
-try:  # Python 3.11+
+# NOTE: a version check, not try/except ImportError, so that mypy reads one branch
+if sys.version_info >= (3, 11):
     import re._constants as sre_constants
     import re._parser as sre_parse
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+else:  # pragma: no cover - Python 3.10
+    import sre_constants
+    import sre_parse
 
 
 class RegexError(ValueError):
@@ -72,10 +79,18 @@ def validate_regex(pattern: Any, *, what: str = "regex") -> None:
             stack.extend(x for x in node if isinstance(x, (list, tuple, sre_parse.SubPattern)))
 
 
-# SGLang's patterns for gen(dtype=...).
+# Digits a constrained number may carry: int64's 19 for integers; for other numbers 15 integer
+# and 6 fraction digits. JSON Schema numbers follow the same bounds (backend/constrained/schema).
+INT_MAX_DIGITS = 19
+NUMBER_INT_DIGITS = 15
+NUMBER_FRAC_DIGITS = 6
+
+# SGLang's patterns for gen(dtype=...), with bounded digits (SGLang: [-+]?[0-9]+ and
+# [-+]?[0-9]*\.?[0-9]+, which let a model write digits until max_new_tokens).
 DTYPE_REGEXES: dict[str, str] = {
-    "int": r"[-+]?[0-9]+",
-    "float": r"[-+]?[0-9]*\.?[0-9]+",
+    "int": rf"[-+]?[0-9]{{1,{INT_MAX_DIGITS}}}",
+    "float": rf"[-+]?([0-9]{{1,{NUMBER_INT_DIGITS}}}(\.[0-9]{{1,{NUMBER_FRAC_DIGITS}}})?"
+    rf"|\.[0-9]{{1,{NUMBER_FRAC_DIGITS}}})",
     "bool": r"(True|False)",
     "str": r"\"[\w\d\s]*\"",
 }

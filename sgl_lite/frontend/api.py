@@ -96,7 +96,10 @@ def gen(
     if ebnf is not None and (not isinstance(ebnf, str) or not ebnf.strip()):
         raise ValueError(f"gen(ebnf=...) must be a non-empty grammar string, got {ebnf!r}")
     if isinstance(dtype, str):  # SGLang also takes the type's name
-        dtype = {t.__name__: t for t in ir.DTYPES}.get(dtype, dtype)
+        by_name = {t.__name__: t for t in ir.DTYPES}
+        if dtype not in by_name:  # dtype_regex's refusal, for a name
+            raise ValueError(f"gen(dtype=...) must be one of int, float, bool, str; got {dtype!r}")
+        dtype = by_name[dtype]
     if dtype is not None:
         ir.dtype_regex(dtype)  # raises for a dtype that has no pattern
     if regex is not None:
@@ -107,7 +110,7 @@ def gen(
         raise ValueError(f"gen(max_tokens={max_tokens}) must be >= 0")
     if temperature is not None and temperature < 0:
         raise ValueError(f"gen(temperature={temperature}) must be >= 0")
-    if isinstance(stop, list):
+    if stop is not None and not isinstance(stop, str):  # IR nodes are frozen: a tuple
         stop = tuple(stop)
     sampling = ir.SamplingArgs(
         max_tokens=max_tokens,
@@ -135,12 +138,12 @@ def gen(
     return ir.Gen(name=name, sampling=sampling, timeout=timeout)
 
 
-def gen_int(name: str | None = None, **kwargs: Any) -> ir.Gen:
+def gen_int(name: str | None = None, **kwargs: Any) -> ir.Gen | ir.Select:
     """`gen(name, dtype=int, ...)`: an integer (the variable holds its text)."""
     return gen(name, dtype=int, **kwargs)
 
 
-def gen_string(name: str | None = None, **kwargs: Any) -> ir.Gen:
+def gen_string(name: str | None = None, **kwargs: Any) -> ir.Gen | ir.Select:
     """`gen(name, dtype=str, ...)`: a double-quoted string."""
     return gen(name, dtype=str, **kwargs)
 

@@ -183,7 +183,7 @@ class SglangStyleMethod(ChoicesMethod):
             unconditional_token_logprobs=uncond,
         )
         decision = getattr(out, "decision", None)
-        if decision not in choices:
+        if not isinstance(decision, str) or decision not in choices:
             raise ValueError(
                 f"choices_method {self.name} returned {out!r}; it must return "
                 f"ChoicesDecision(decision=<one of {list(choices)}>, meta_info=...)"

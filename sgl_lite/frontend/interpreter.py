@@ -261,8 +261,10 @@ class ProgramState:
             return
         pairs = self._meta_iter(var_name)
         sent: dict[str, int] = {}
-        held = None  # one pair is held back so the last can carry the final meta info
-        while (pair := await asyncio.to_thread(next, pairs, sentinel)) is not sentinel:
+        # One pair is held back so the last can carry the final meta info.
+        held: tuple[str, dict[str, Any]] | None = None
+        # None ends the loop: the pairs are tuples, never None.
+        while (pair := await asyncio.to_thread(next, pairs, None)) is not None:
             if held is not None:
                 yield held[0], incremental_meta(held[1], sent)
             held = pair
@@ -271,7 +273,8 @@ class ProgramState:
             yield held[0], incremental_meta(final, sent)
 
     def _meta_iter(self, var_name: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        i, meta = 0, {}
+        i = 0
+        meta: dict[str, Any] = {}
         while True:
             new, i, finished, error = self._exec.wait_events(i)
             for event in new:

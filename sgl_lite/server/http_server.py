@@ -26,6 +26,7 @@ from sgl_lite.server.compat import generate_body, sglang05_meta
 from sgl_lite.server.metrics import CONTENT_TYPE, ServerMetrics
 from sgl_lite.server.openai.chat import add_chat_routes
 from sgl_lite.server.openai.completions import add_openai_routes
+from sgl_lite.server.openai.responses import DEFAULT_STORE_SIZE, add_responses_routes
 from sgl_lite.server.openapi import install_openapi
 from sgl_lite.server.protocol import (
     AbortRequest,
@@ -92,6 +93,7 @@ def create_app(
     api_key: str | None = None,
     served_model_name: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_stored_responses: int = DEFAULT_STORE_SIZE,
 ) -> FastAPI:
     """A FastAPI app serving `engine` (SGLang's native API, OpenAI's /v1, /metrics)."""
 
@@ -230,6 +232,14 @@ def create_app(
             accepted_names=accepted_names,
             max_body_bytes=max_body_bytes,
         )
+    add_responses_routes(
+        app,
+        bridge,
+        served_model_name=name,
+        accepted_names=accepted_names,
+        max_body_bytes=max_body_bytes,
+        store_size=max_stored_responses,
+    )
     add_tokenizer_routes(app, bridge, max_body_bytes=max_body_bytes)
     install_openapi(app)
     routes = {getattr(r, "path", "") for r in app.routes}

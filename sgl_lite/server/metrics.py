@@ -189,8 +189,8 @@ class ServerMetrics:
             [LABEL, "finish_reason"],
             registry=reg,
         )
-        # Constrained outputs (constrained/guide.py meta_info): closed by the budget, or failing
-        # the final check against their constraint (never passed off as success).
+        # Constrained outputs (Guide.meta_info, constrained/protocols.py): closed by the budget,
+        # or failing the final check against their constraint (never passed off as success).
         self.budget_closed = counter(
             "sgl_lite:budget_closed", "Constrained outputs the token budget closed"
         )

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+from sgl_lite.server.openai.responses_protocol import ResponsesRequest
 from sgl_lite.server.protocol import (
     AbortRequest,
     ChatCompletionRequest,
@@ -66,9 +67,36 @@ class OpenAIResponse(_Out):
     usage: dict[str, Any] | None = None
 
 
-class ModelCard(_Out):
+class ResponseObject(_Out):
+    """A response of `/v1/responses` (made, or stored and read back)."""
+
     id: str
     object: str
+    created_at: int
+    status: str
+    model: str
+    output: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class DeletedResponse(_Out):
+    """`DELETE /v1/responses/{response_id}`."""
+
+    id: str
+    object: str
+    deleted: bool
+
+
+class ModelCard(_Out):
+    """One model: an entry of `GET /v1/models`, and `GET /v1/models/{model_id}`."""
+
+    id: str
+    object: str
+    created: int
+    owned_by: str
+    root: str | None = None
+    max_model_len: int | None = None
 
 
 class ModelList(_Out):
@@ -112,6 +140,11 @@ ROUTES: dict[str, tuple[type[BaseModel] | None, Any, bool]] = {
     "/v1/completions": (CompletionRequest, OpenAIResponse, True),
     "/v1/chat/completions": (ChatCompletionRequest, OpenAIResponse, True),
     "/v1/models": (None, ModelList, False),
+    "/v1/responses": (ResponsesRequest, ResponseObject, True),
+    # "METHOD path" where a path's operations answer differently
+    "GET /v1/responses/{response_id}": (None, ResponseObject, False),
+    "DELETE /v1/responses/{response_id}": (None, DeletedResponse, False),
+    "/v1/models/{model_id}": (None, ModelCard, False),
     "/flush_cache": (None, Success, False),
     "/health_generate": (None, Status, False),
     "/get_model_info": (None, Info, False),
@@ -126,7 +159,7 @@ ROUTES: dict[str, tuple[type[BaseModel] | None, Any, bool]] = {
 _ERRORS = {
     "400": "bad request: the field at fault is named in error.param",
     "401": "missing or wrong API key",
-    "404": "unknown route or model",
+    "404": "unknown route, model or stored response",
     "413": "body too large",
     "429": "OpenAI routes: the queue is full; retry after Retry-After seconds",
     "503": "native routes: the queue is full, or the engine could not generate",
@@ -151,8 +184,9 @@ def install_openapi(
             spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
             components = spec.setdefault("components", {}).setdefault("schemas", {})
             for path, operations in spec.get("paths", {}).items():
-                for op in operations.values():
-                    _describe(op, path, routes.get(path), components)
+                for method, op in operations.items():
+                    route = routes.get(f"{method.upper()} {path}", routes.get(path))
+                    _describe(op, path, route, components)
             app.openapi_schema = spec
         return app.openapi_schema
 

@@ -11,6 +11,10 @@ from bench.common import Skipped
 from bench.isolated import IsolatedPeer
 from bench.run import measure
 
+# Each test starts peer processes (a fresh interpreter importing torch) and kills some with
+# signals: seconds apiece, the `process` tier's cost, though no model is loaded.
+pytestmark = pytest.mark.process
+
 OPTIONS = {"quick": True, "conversations": 1, "questions": 1, "json_items": 1}
 
 

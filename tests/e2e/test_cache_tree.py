@@ -14,7 +14,7 @@ import pytest
 import sgl_lite as sgl
 from sgl_lite.cache_view import cached_sequences, show_cache
 from sgl_lite.server import create_app
-from tests.e2e.server_fixture import serve
+from tests.support.server import serve
 
 GREEDY = {"temperature": 0, "max_new_tokens": 4}
 SYSTEM = "You are a terse assistant. Answer in one word.\nQuestion: "

@@ -11,15 +11,19 @@ import pytest
 import torch
 from outlines_core import Index
 
-from sgl_lite.backend.constrained import BudgetError, CompiledGrammar, Guide, plan_jump_forward
-from sgl_lite.backend.constrained import budget as budget_module
-from sgl_lite.backend.constrained.vocab import build_token_vocabulary, byte_vocabulary
-from tests.e2e.test_constrained_decode import SCHEMAS
-from tests.e2e.test_constrained_support import (
-    decode_without_model,
-    shared_compiler,
-    smollm2_tokenizer,
+from sgl_lite.backend.constrained import (
+    AutomatonGuide,
+    BudgetError,
+    CompiledGrammar,
+    plan_jump_forward,
 )
+from sgl_lite.backend.constrained.automaton import budget as budget_module
+from sgl_lite.backend.constrained.vocab import build_token_vocabulary, byte_vocabulary
+from tests.support.constrained import decode_without_model, shared_compiler
+from tests.support.constraints import SCHEMAS
+from tests.support.smollm import smollm2_tokenizer
+
+pytestmark = pytest.mark.tokenizer
 
 # id 0 is eos; every other id is the literal text of its token (not byte-level).
 TINY_TOKENS = ["</s>", '{"k": "', "a", "b", "ab", '"}', '"', "}", "x", "ba"]
@@ -118,8 +122,8 @@ def test_budget_below_the_shortest_output_is_refused_naming_the_minimum() -> Non
     grammar = tiny_grammar(TINY_REGEXES[0])
     assert grammar.min_tokens == 2
     with pytest.raises(BudgetError, match=r"max_new_tokens=1 .* 2 tokens"):
-        Guide(grammar, max_new_tokens=1)
-    guide = Guide(grammar, max_new_tokens=2)
+        AutomatonGuide(grammar, max_new_tokens=1)
+    guide = AutomatonGuide(grammar, max_new_tokens=2)
     guide.advance(1)  # '{"k": "' leaves one token: only '"}' fits
     assert guide.allowed_mask().nonzero().flatten().tolist() == [5]
     assert guide.budget_closed
@@ -129,14 +133,14 @@ def test_budget_below_the_shortest_output_is_refused_naming_the_minimum() -> Non
 
 def test_is_finished_when_the_budget_leaves_only_eos() -> None:
     grammar = tiny_grammar(r"a{2,6}")
-    guide = Guide(grammar, max_new_tokens=3)
+    guide = AutomatonGuide(grammar, max_new_tokens=3)
     for _ in range(2):
         assert not guide.is_finished()
         guide.advance(2)
     assert not guide.is_finished()  # one token left, "a" still fits
     guide.advance(2)
     assert guide.is_finished() and guide.is_accepting() and guide.budget_closed
-    assert Guide(grammar).is_finished() is False
+    assert AutomatonGuide(grammar).is_finished() is False
 
 
 def _schema_budget_cases() -> list[tuple[str, int]]:
@@ -171,8 +175,8 @@ def test_jump_forward_is_not_taken_when_it_would_overrun_the_budget() -> None:
     tokenizer = smollm2_tokenizer()
     ids = tokenizer.encode('{"a": "x"', add_special_tokens=False)
 
-    def guide_after(max_new_tokens: int | None) -> Guide:
-        guide = Guide(grammar, max_new_tokens=max_new_tokens)
+    def guide_after(max_new_tokens: int | None) -> AutomatonGuide:
+        guide = AutomatonGuide(grammar, max_new_tokens=max_new_tokens)
         for token in ids:
             guide.advance(token)
         return guide

@@ -11,84 +11,9 @@ import jsonschema
 import pytest
 
 from sgl_lite.backend.constrained import GrammarCompiler
-from tests.conftest import chat_prompt
+from tests.support.constraints import BUDGET_SCHEMAS
+from tests.support.smollm import chat_prompt
 
-STR = {"type": "string"}
-BUDGET_SCHEMAS = {
-    "ticket": {
-        "type": "object",
-        "properties": {
-            "title": STR,
-            "tags": {"type": "array", "items": STR},
-            "priority": {"enum": ["low", "normal", "high"]},
-        },
-        "required": ["title", "tags", "priority"],
-    },
-    "invoice": {
-        "type": "object",
-        "properties": {
-            "customer": STR,
-            "total": {"type": "number"},
-            "lines": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {"item": STR, "qty": {"type": "integer"}},
-                    "required": ["item", "qty"],
-                },
-            },
-            "note": STR,
-        },
-        "required": ["customer", "total", "lines"],
-    },
-    "nested": {
-        "type": "object",
-        "properties": {
-            "user": {
-                "type": "object",
-                "properties": {
-                    "name": STR,
-                    "address": {
-                        "type": "object",
-                        "properties": {"city": STR, "street": STR},
-                        "required": ["city", "street"],
-                    },
-                },
-                "required": ["name", "address"],
-            }
-        },
-        "required": ["user"],
-    },
-    "profile": {
-        "type": "object",
-        "properties": {"age": {"type": "integer"}, "bio": STR, "nickname": STR},
-        "required": ["age"],
-    },
-    "numbers": {
-        "type": "object",
-        "properties": {
-            "count": {"type": "integer"},
-            "mean": {"type": "number"},
-            "ratios": {"type": "array", "items": {"type": "number"}},
-        },
-        "required": ["count", "mean", "ratios"],
-    },
-    "enums": {
-        "type": "object",
-        "properties": {
-            "color": {"enum": ["red", "green", "blue"]},
-            "size": {"enum": ["S", "M", "L", "XL"]},
-            "in_stock": {"type": "boolean"},
-        },
-        "required": ["color", "size", "in_stock"],
-    },
-    "names": {"type": "array", "items": STR, "minItems": 1},
-    "review": {
-        "type": "object",
-        "properties": {"summary": STR, "pros": {"type": "array", "items": STR}, "text": STR},
-        "required": ["summary", "pros", "text"],
-    },
-}
 BUDGET_REGEXES = {
     "sentence": r"[A-Z][a-z ,]+\.",
     "phone": r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}",

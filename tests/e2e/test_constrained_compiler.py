@@ -7,9 +7,13 @@ import re
 
 import pytest
 
-from sgl_lite.backend.constrained import GrammarError, dtype_to_regex
+from sgl_lite.backend.constrained import GrammarError
 from sgl_lite.backend.constrained.compiler import GrammarCompiler, digits_to_ascii
-from tests.e2e.test_constrained_support import shared_compiler, smollm2_tokenizer
+from sgl_lite.common.regex import dtype_to_regex
+from tests.support.constrained import shared_compiler
+from tests.support.smollm import smollm2_tokenizer
+
+pytestmark = pytest.mark.tokenizer
 
 
 @pytest.mark.parametrize(

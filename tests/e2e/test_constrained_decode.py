@@ -8,90 +8,12 @@ import re
 import jsonschema
 import pytest
 
-from sgl_lite.backend.constrained import dtype_to_regex
-from sgl_lite.backend.constrained.jump_forward import forced_bytes
-from tests.e2e.test_constrained_support import decode_without_model, shared_compiler
+from sgl_lite.common.regex import dtype_to_regex
+from tests.support.constrained import decode_without_model, shared_compiler
+from tests.support.constraints import SCHEMAS, W3_SCHEMA
 
-W3_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "price": {"type": "number"},
-        "category": {"type": "string", "enum": ["electronics", "books", "toys", "food"]},
-    },
-    "required": ["name", "price", "category"],
-}
-POINT = {
-    "type": "object",
-    "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
-    "required": ["x", "y"],
-}
-SCHEMAS = {
-    "w3": W3_SCHEMA,
-    "nested": {
-        "type": "object",
-        "properties": {
-            "user": {
-                "type": "object",
-                "properties": {
-                    "id": {"type": "integer"},
-                    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
-                },
-                "required": ["id", "tags"],
-            }
-        },
-        "required": ["user"],
-    },
-    "array_of_numbers": {
-        "type": "array",
-        "items": {"type": "number"},
-        "minItems": 1,
-        "maxItems": 4,
-    },
-    "mixed_enum": {"enum": ["red", 1, None, True]},
-    "optional_fields": {
-        "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}, "c": {"type": "string"}},
-        "required": ["a"],
-    },
-    "ref": {
-        "$defs": {"point": POINT},
-        "type": "object",
-        "properties": {"start": {"$ref": "#/$defs/point"}, "end": {"$ref": "#/$defs/point"}},
-        "required": ["start", "end"],
-    },
-    "any_of": {
-        "anyOf": [
-            {"type": "integer"},
-            {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"]},
-        ]
-    },
-    "numbers": {
-        "type": "object",
-        "properties": {"i": {"type": "integer"}, "f": {"type": "number"}},
-        "required": ["i", "f"],
-    },
-    "bool_null": {
-        "type": "object",
-        "properties": {"ok": {"type": "boolean"}, "nothing": {"type": "null"}},
-        "required": ["ok", "nothing"],
-    },
-    "string_pattern": {
-        "type": "object",
-        "properties": {"code": {"type": "string", "pattern": r"[A-Z]{3}-\d{2}"}},
-        "required": ["code"],
-    },
-    "array_of_objects": {
-        "type": "array",
-        "items": {
-            "type": "object",
-            "properties": {"kind": {"enum": ["a", "b"]}, "qty": {"type": "integer"}},
-            "required": ["kind", "qty"],
-        },
-        "maxItems": 3,
-    },
-    "const": {"type": "object", "properties": {"v": {"const": "1.0"}}, "required": ["v"]},
-}
+pytestmark = pytest.mark.tokenizer
+
 REGEXES = {
     "int": dtype_to_regex(int),
     "float": dtype_to_regex(float),
@@ -136,9 +58,9 @@ def test_jump_forward_samples_fewer_steps_than_it_emits_tokens_on_w3() -> None:
 def test_forced_bytes_stop_at_branches_and_cross_multibyte_characters() -> None:
     grammar = shared_compiler().compile("regex", r"日本(語|人)!")
     start = grammar.initial_state
-    forced = forced_bytes(grammar, start)
+    forced = grammar.forced_bytes(start)
     # 語 and 人 share no lead byte, so the walk stops after 日本
     assert forced == "日本".encode()
-    assert forced_bytes(grammar, start) is grammar.forced[start]
+    assert grammar.forced_bytes(start) is grammar.forced[start]
     accepting = shared_compiler().compile("regex", r"ab(c)?")
-    assert forced_bytes(accepting, accepting.initial_state) == b"ab"
+    assert accepting.forced_bytes(accepting.initial_state) == b"ab"

@@ -12,7 +12,8 @@ import jsonschema
 import pytest
 
 from sgl_lite.backend.engine import Engine
-from tests.conftest import NUM_THREADS, chat_prompt
+from tests.support import NUM_THREADS
+from tests.support.smollm import chat_prompt
 
 PRODUCT = {
     "type": "object",
@@ -92,7 +93,10 @@ REGEXES = [
 
 @pytest.fixture(scope="module")
 def no_jump_engine():
-    eng = Engine(num_threads=NUM_THREADS, max_total_tokens=8192, disable_jump_forward=True)
+    # float32 like the shared `engine`, whose greedy output it must equal
+    eng = Engine(
+        num_threads=NUM_THREADS, max_total_tokens=8192, disable_jump_forward=True, dtype="float32"
+    )
     yield eng
     eng.shutdown()
 

@@ -13,83 +13,12 @@ import uuid
 import jsonschema
 import pytest
 
-from sgl_lite.backend.constrained import GrammarError, Guide, check_output, dtype_to_regex
-from sgl_lite.backend.constrained.numbers import INT_MAX_DIGITS
-from tests.e2e.test_constrained_support import decode_without_model, shared_compiler
+from sgl_lite.backend.constrained import AutomatonGuide, GrammarError, check_output
+from sgl_lite.common.regex import INT_MAX_DIGITS, dtype_to_regex
+from tests.support.constrained import decode_without_model, shared_compiler
+from tests.support.constraints import COMMENT_TREE, ENFORCED
 
-COMMENT_TREE = {
-    "$defs": {
-        "comment": {
-            "type": "object",
-            "properties": {
-                "author": {"type": "string", "maxLength": 8},
-                "replies": {"type": "array", "items": {"$ref": "#/$defs/comment"}, "maxItems": 2},
-            },
-            "required": ["author", "replies"],
-        }
-    },
-    "$ref": "#/$defs/comment",
-}
-ENFORCED = {
-    "int_range": {"type": "integer", "minimum": 1, "maximum": 5},
-    "int_exclusive": {"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 120},
-    "int_min_only": {"type": "integer", "minimum": 1000},
-    "number_range": {"type": "number", "minimum": 0, "maximum": 1},
-    "number_exclusive": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 10},
-    "string_lengths": {"type": "string", "minLength": 3, "maxLength": 5},
-    "string_pattern": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3}$"},
-    "formats": {
-        "type": "object",
-        "properties": {
-            f: {"type": "string", "format": f}
-            for f in ("date", "time", "date-time", "email", "uuid", "ipv4", "uri")
-        },
-        "required": ["date", "time", "date-time", "email", "uuid", "ipv4", "uri"],
-    },
-    "enum_const": {
-        "type": "object",
-        "properties": {"e": {"enum": ["a", 2, None, [1]]}, "c": {"const": {"k": True}}},
-        "required": ["e", "c"],
-    },
-    "enum_filtered_by_type": {"type": "integer", "enum": [1, "x", 2.5, 7]},
-    "items_bounds": {"type": "array", "items": {"type": "boolean"}, "minItems": 2, "maxItems": 4},
-    "prefix_items": {
-        "type": "array",
-        "prefixItems": [{"type": "string", "maxLength": 3}, {"type": "integer"}],
-        "items": False,
-    },
-    "closed_object": {
-        "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "null"}},
-        "required": ["a"],
-        "additionalProperties": False,
-    },
-    "map": {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 3},
-    "any_of": {"anyOf": [{"type": "integer", "minimum": 10}, {"type": "string", "maxLength": 4}]},
-    "one_of_discriminated": {
-        "oneOf": [
-            {
-                "type": "object",
-                "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
-                "required": ["kind", "lives"],
-            },
-            {
-                "type": "object",
-                "properties": {"kind": {"const": "dog"}, "good": {"type": "boolean"}},
-                "required": ["kind", "good"],
-            },
-        ]
-    },
-    "all_of": {
-        "allOf": [
-            {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-            {"properties": {"a": {"maximum": 3}, "b": {"type": "string"}}, "required": ["b"]},
-        ]
-    },
-    "type_list": {"type": ["integer", "null"], "minimum": -2, "maximum": 2},
-    "comment_tree": COMMENT_TREE,
-    "true_items": {"type": "array", "items": True, "maxItems": 3},
-}
+pytestmark = pytest.mark.tokenizer
 
 
 def _check_formats(instance: dict) -> None:
@@ -205,9 +134,9 @@ def test_recursion_is_bounded_and_the_deepest_level_closes() -> None:
 
 def test_a_mismatch_is_reported_not_passed_off() -> None:
     grammar = shared_compiler().compile("json_schema", ENFORCED["int_range"])
-    guide = Guide(grammar, constraint=("json_schema", json.dumps(ENFORCED["int_range"])))
+    guide = AutomatonGuide(grammar, constraint=("json_schema", json.dumps(ENFORCED["int_range"])))
     assert guide.meta_info("3") == {"budget_closed": False, "constraint_violation": None}
-    cut = Guide(grammar, constraint=("json_schema", ENFORCED["int_range"]))
+    cut = AutomatonGuide(grammar, constraint=("json_schema", ENFORCED["int_range"]))
     assert "maximum" in cut.meta_info("42")["constraint_violation"]
     assert "not valid JSON" in check_output("json_schema", {}, '{"a": "unterminated')
     assert check_output("regex", r"[0-9]{3}", "12") is not None

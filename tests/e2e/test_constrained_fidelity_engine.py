@@ -9,30 +9,9 @@ import re
 import jsonschema
 import pytest
 
-from sgl_lite.backend.constrained import dtype_to_regex
-from tests.conftest import chat_prompt
-
-STARS = {
-    "type": "object",
-    "properties": {
-        "stars": {"type": "integer", "minimum": 1, "maximum": 5},
-        "comment": {"type": "string", "maxLength": 30},
-    },
-    "required": ["stars", "comment"],
-}
-COMMENTS = {
-    "$defs": {
-        "comment": {
-            "type": "object",
-            "properties": {
-                "text": {"type": "string", "maxLength": 20},
-                "replies": {"type": "array", "items": {"$ref": "#/$defs/comment"}, "maxItems": 2},
-            },
-            "required": ["text", "replies"],
-        }
-    },
-    "$ref": "#/$defs/comment",
-}
+from sgl_lite.common.regex import dtype_to_regex
+from tests.support.constraints import COMMENTS, STARS
+from tests.support.smollm import chat_prompt
 
 
 def test_a_1_to_5_rating_never_leaves_its_range_over_30_sampled_outputs(

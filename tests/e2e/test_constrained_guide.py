@@ -1,4 +1,5 @@
-"""Guide and CompiledGrammar: masks mirror the index, state ids agree, advance/rollback."""
+"""AutomatonGuide and CompiledGrammar: masks mirror the index, state ids agree, advance and
+rollback."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import pytest
 import torch
 
 from sgl_lite.backend.constrained import (
+    AutomatonGuide,
     GrammarError,
-    Guide,
     JumpForward,
     apply_jump_forward,
     plan_jump_forward,
 )
-from tests.e2e.test_constrained_decode import SCHEMAS
-from tests.e2e.test_constrained_support import shared_compiler, smollm2_tokenizer
+from tests.support.constrained import shared_compiler
+from tests.support.constraints import SCHEMAS
+from tests.support.smollm import smollm2_tokenizer
+
+pytestmark = pytest.mark.tokenizer
 
 CASES = [
     ("json_schema", SCHEMAS["w3"]),
@@ -70,7 +74,7 @@ def _ids(text: str) -> list[int]:
 
 def test_guide_advances_rolls_back_and_finishes() -> None:
     grammar = shared_compiler().compile("regex", r"ab[0-9]")
-    guide = Guide(grammar)
+    guide = AutomatonGuide(grammar)
     ids = [grammar.vocab.token_bytes.index(b) for b in (b"a", b"b", b"7")]
     start = guide.state
     guide.advance(ids[0])
@@ -90,7 +94,7 @@ def test_guide_advances_rolls_back_and_finishes() -> None:
 
 
 def test_accepting_state_can_continue_so_is_not_finished() -> None:
-    guide = Guide(shared_compiler().compile("regex", r"[0-9]+"))
+    guide = AutomatonGuide(shared_compiler().compile("regex", r"[0-9]+"))
     guide.advance(_ids("7")[0])
     assert guide.is_accepting() and not guide.is_finished()
 
@@ -100,7 +104,7 @@ def test_jump_forward_retokenizes_across_a_split_utf8_character() -> None:
     grammar = shared_compiler().compile("regex", r"日本語です!")
     vocab = grammar.vocab
     first = vocab.token_bytes.index("日".encode()[:1])  # the lead byte alone
-    guide = Guide(grammar)
+    guide = AutomatonGuide(grammar)
     guide.advance(first)
     jf = plan_jump_forward(tokenizer, guide, [first])
     assert jf is not None and jf.keep == 0
@@ -113,7 +117,7 @@ def test_jump_forward_retokenizes_across_a_split_utf8_character() -> None:
 def test_jump_forward_is_none_when_nothing_is_forced_and_refuses_disallowed_tokens() -> None:
     tokenizer = smollm2_tokenizer()
     grammar = shared_compiler().compile("regex", r"(yes|no), (maybe|sure)")
-    guide = Guide(grammar)
+    guide = AutomatonGuide(grammar)
     assert plan_jump_forward(tokenizer, guide, []) is None  # y/n is a branch
     out = _ids("yes")
     for t in out:

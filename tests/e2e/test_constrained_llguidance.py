@@ -19,41 +19,16 @@ from sgl_lite.backend.constrained import (
     apply_jump_forward,
     plan_jump_forward,
 )
-from tests.e2e.test_constrained_fidelity import COMMENT_TREE, ENFORCED
-from tests.e2e.test_constrained_support import _closing_bias, smollm2_tokenizer
+from tests.support.constrained import ArithmeticParser, grammar_bias
+from tests.support.constraints import ARITHMETIC, COMMENT_TREE, ENFORCED, SQL, SQL_REFERENCE
+from tests.support.smollm import smollm2_tokenizer
 
-ARITHMETIC = r"""
-root ::= expr
-expr ::= term (("+" | "-") term)*
-term ::= factor (("*" | "/") factor)*
-factor ::= [0-9]{1,3} | "(" expr ")"
-"""
-SQL = r"""
-root ::= "SELECT " cols " FROM " name where?
-cols ::= "*" | name (", " name)*
-where ::= " WHERE " name " " op " " value
-op ::= "=" | "<" | ">"
-value ::= [0-9]{1,4} | "'" [a-z]{1,8} "'"
-name ::= [a-z]{1,8}
-"""
+pytestmark = pytest.mark.tokenizer
 
 
 @functools.cache
 def llg_compiler() -> GrammarCompiler:
     return GrammarCompiler(smollm2_tokenizer(), timeout_s=60.0, backend="llguidance")
-
-
-@functools.cache
-def _bias() -> torch.Tensor:
-    """Closing characters (and '@', which ends llguidance's long email local parts) first."""
-    at = torch.tensor([b is not None and b"@" in b for b in llg_vocab_bytes()])
-    return _closing_bias() + 3.0 * at
-
-
-def llg_vocab_bytes() -> tuple:
-    from sgl_lite.backend.constrained.vocab import vocabulary_for
-
-    return vocabulary_for(smollm2_tokenizer()).token_bytes
 
 
 def decode(grammar, *, seed: int, max_steps: int = 300, jump_forward: bool = True) -> str:
@@ -65,7 +40,7 @@ def decode(grammar, *, seed: int, max_steps: int = 300, jump_forward: bool = Tru
     for _ in range(max_steps):
         if guide.is_finished():
             break
-        logits = torch.randn(len(tokenizer), generator=gen) + _bias()  # (V,)
+        logits = torch.randn(len(tokenizer), generator=gen) + grammar_bias()  # (V,)
         logits.masked_fill_(~guide.allowed_mask(), float("-inf"))
         token = int(logits.argmax())
         if token == tokenizer.eos_token_id:
@@ -83,53 +58,10 @@ def decode(grammar, *, seed: int, max_steps: int = 300, jump_forward: bool = Tru
     return tokenizer.decode(out)
 
 
-class _Parser:
-    """A reference recursive-descent parser for the arithmetic grammar."""
-
-    def __init__(self, text: str) -> None:
-        self.text, self.i = text, 0
-
-    def parse(self) -> None:
-        self.expr()
-        assert self.i == len(self.text), f"trailing text at {self.i}: {self.text!r}"
-
-    def expr(self) -> None:
-        self.term()
-        while self.peek() in ("+", "-"):
-            self.i += 1
-            self.term()
-
-    def term(self) -> None:
-        self.factor()
-        while self.peek() in ("*", "/"):
-            self.i += 1
-            self.factor()
-
-    def factor(self) -> None:
-        if self.peek() == "(":
-            self.i += 1
-            self.expr()
-            assert self.peek() == ")", self.text
-            self.i += 1
-            return
-        m = re.compile(r"[0-9]{1,3}").match(self.text, self.i)
-        assert m, f"expected a number at {self.i}: {self.text!r}"
-        self.i = m.end()
-
-    def peek(self) -> str:
-        return self.text[self.i : self.i + 1]
-
-
-SQL_REFERENCE = re.compile(
-    r"SELECT (\*|[a-z]{1,8}(, [a-z]{1,8})*) FROM [a-z]{1,8}"
-    r"( WHERE [a-z]{1,8} [=<>] ([0-9]{1,4}|'[a-z]{1,8}'))?"
-)
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_arithmetic_ebnf_output_parses_with_a_reference_parser(seed: int) -> None:
     text = decode(llg_compiler().compile("ebnf", ARITHMETIC), seed=seed)
-    _Parser(text).parse()
+    ArithmeticParser(text).parse()
 
 
 @pytest.mark.parametrize("seed", range(6))

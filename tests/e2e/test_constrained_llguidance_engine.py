@@ -9,8 +9,9 @@ import jsonschema
 import pytest
 
 from sgl_lite.backend.engine import Engine
-from tests.conftest import NUM_THREADS, chat_prompt
-from tests.e2e.test_constrained_fidelity_engine import COMMENTS, STARS
+from tests.support import NUM_THREADS
+from tests.support.constraints import COMMENTS, STARS
+from tests.support.smollm import chat_prompt
 
 MULTIPLE = {
     "type": "object",

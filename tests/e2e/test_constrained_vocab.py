@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sgl_lite.backend.constrained.vocab import (
     build_token_vocabulary,
     is_byte_level,
     token_to_bytes,
     vocabulary_for,
 )
-from tests.e2e.test_constrained_support import smollm2_tokenizer
+from tests.support.smollm import smollm2_tokenizer
+
+pytestmark = pytest.mark.tokenizer
 
 
 def test_byte_level_tokens_decode_through_the_gpt2_byte_table() -> None:

@@ -14,8 +14,9 @@ import sgl_lite as sgl
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.errors import InvalidRequest
 from sgl_lite.server import create_app
-from tests.conftest import NUM_THREADS, chat_prompt
-from tests.e2e.server_fixture import serve
+from tests.support import NUM_THREADS
+from tests.support.server import serve
+from tests.support.smollm import chat_prompt
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from sgl_lite.backend.engine import Engine
-from tests.conftest import NUM_THREADS, chat_prompt
+from tests.support import NUM_THREADS
+from tests.support.smollm import chat_prompt
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
 QUESTIONS = [
@@ -26,7 +27,10 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def uncached_engine():
-    eng = Engine(num_threads=NUM_THREADS, max_total_tokens=8192, disable_radix_cache=True)
+    # float32 like the shared `engine`: the two are compared token for token
+    eng = Engine(
+        num_threads=NUM_THREADS, max_total_tokens=8192, disable_radix_cache=True, dtype="float32"
+    )
     yield eng
     eng.shutdown()
 
@@ -131,7 +135,7 @@ def test_tiny_pool_with_eight_concurrent_long_prompts_finishes_and_matches(
     prompts = [f"Document {i}: " + " ".join(f"word{i}x{j}" for j in range(40)) for i in range(8)]
     params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
     expected = engine.generate(prompts, params)
-    small = Engine(num_threads=NUM_THREADS, max_total_tokens=300)
+    small = Engine(num_threads=NUM_THREADS, max_total_tokens=300, dtype="float32")
     try:
         start_free = small.get_server_info()["pool_free_tokens"]
         got = small.generate(prompts, params)
@@ -183,7 +187,7 @@ def test_stop_regex_is_trimmed_and_reported(engine, smollm_tokenizer):
     assert match is not None, free["text"]
     out = engine.generate(prompt, {**GREEDY, "stop_regex": [r"[4-6]", r"zz+"]})
     assert out["text"] == free["text"][: match.start()]
-    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": match.group()}
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": r"[4-6]"}
     chunks = list(engine.generate(prompt, {**GREEDY, "stop_regex": r"[4-6]"}, stream=True))
     assert all(out["text"].startswith(c["text"]) for c in chunks)
 

@@ -70,7 +70,7 @@ def test_stop_regex_trims_at_the_first_match_in_gen_and_as_a_run_default(rt):
 
     by_gen = continue_.run(pattern=[pattern, "zzz+q"], backend=rt, temperature=0)
     assert by_gen["x"] == base[:cut]
-    assert by_gen.get_meta_info("x")["finish_reason"]["matched"] == word
+    assert by_gen.get_meta_info("x")["finish_reason"]["matched"] == pattern
     by_run = continue_.run(backend=rt, temperature=0, stop_regex=pattern)  # run() default
     assert by_run["x"] == base[:cut]
 
@@ -169,7 +169,7 @@ def test_sglangs_own_test_programs_run_on_sgl_lite_with_only_the_import_changed(
 
 def test_streamed_logprobs_over_http_match_the_in_process_backend(rt, engine):
     from sgl_lite.server import create_app
-    from tests.e2e.server_fixture import serve
+    from tests.support.server import serve
 
     @sgl.function
     def prog(s):

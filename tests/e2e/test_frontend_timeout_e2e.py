@@ -13,7 +13,7 @@ from sgl_lite.frontend.backends.base import StepTimeout
 from sgl_lite.frontend.backends.engine import EngineBackend
 from sgl_lite.frontend.backends.runtime_endpoint import RuntimeEndpoint
 from sgl_lite.server import create_app
-from tests.e2e.server_fixture import serve
+from tests.support.server import serve
 
 pytestmark = pytest.mark.e2e
 

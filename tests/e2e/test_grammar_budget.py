@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from sgl_lite.backend.constrained import BudgetError, GrammarError
-from sgl_lite.backend.constrained.closer import closing_path
-from tests.e2e.test_constrained_llguidance import ARITHMETIC, SQL, SQL_REFERENCE, _Parser
-from tests.e2e.test_constrained_support import smollm2_tokenizer
-from tests.e2e.test_xgrammar_backend import GRAMMAR_BACKENDS, _valid, compiler
+from sgl_lite.backend.constrained.matchers.closer import closing_path
+from tests.support.constrained import GRAMMAR_BACKENDS, ArithmeticParser, compiler, valid_json
+from tests.support.constraints import ARITHMETIC, SQL, SQL_REFERENCE
+from tests.support.smollm import smollm2_tokenizer
+
+pytestmark = pytest.mark.tokenizer
 
 STRINGS = {"type": "array", "items": {"type": "string"}}
 SCHEMAS = {
@@ -93,7 +95,7 @@ def test_the_closer_from_the_next_state_is_the_rest_of_its_path(backend: str, na
     grammar = compiler(backend).compile("json_schema", SCHEMAS[name])
     path = grammar.initial_path
     assert path is not None and grammar.min_tokens == len(path) > 0
-    assert _valid(SCHEMAS[name], smollm2_tokenizer().decode(path))
+    assert valid_json(SCHEMAS[name], smollm2_tokenizer().decode(path))
     for seed in range(3):  # from the start and from states a random decode went through
         _, ids, _, _ = budget_decode(grammar, seed=seed, budget=None, bias=3.0)
         guide = grammar.new_guide()
@@ -123,7 +125,7 @@ def test_every_budget_from_the_minimum_up_gives_a_valid_output(backend: str, nam
                 grammar, seed=seed, budget=budget, constraint=("json_schema", schema)
             )
             meta = guide.meta_info(text)
-            assert len(ids) <= budget and _valid(schema, text), (name, budget, text)
+            assert len(ids) <= budget and valid_json(schema, text), (name, budget, text)
             assert meta["constraint_violation"] is None and meta["budget_cut"] is False, meta
             assert meta["budget_closed"] is (subs > 0), (meta, subs)
             closed += subs > 0
@@ -132,7 +134,7 @@ def test_every_budget_from_the_minimum_up_gives_a_valid_output(backend: str, nam
 
 @pytest.mark.parametrize("backend", GRAMMAR_BACKENDS)
 def test_ebnf_outputs_stay_complete_under_tight_budgets(backend: str) -> None:
-    for grammar_text, check in ((ARITHMETIC, lambda t: _Parser(t).parse()), (SQL, None)):
+    for grammar_text, check in ((ARITHMETIC, lambda t: ArithmeticParser(t).parse()), (SQL, None)):
         grammar = compiler(backend).compile("ebnf", grammar_text)
         for seed in range(3):
             for budget in (grammar.min_tokens, grammar.min_tokens + 2, 12):

@@ -13,8 +13,9 @@ import pytest
 
 from sgl_lite.backend.constrained import GrammarCompiler
 from sgl_lite.backend.engine import Engine
-from tests.conftest import NUM_THREADS, chat_prompt
-from tests.e2e.test_constrained_budget_engine import BUDGET_SCHEMAS
+from tests.support import NUM_THREADS
+from tests.support.constraints import BUDGET_SCHEMAS
+from tests.support.smollm import chat_prompt
 
 SCHEMAS = {name: BUDGET_SCHEMAS[name] for name in ("ticket", "invoice", "names")}
 SAMPLING = [{"temperature": 0}, {"temperature": 1.0, "sampling_seed": 5}]

@@ -1,13 +1,17 @@
-"""Hostile request bodies get a 4xx with a JSON error on every JSON route, never a 500."""
+"""Hostile request bodies get a 4xx with a JSON error on every JSON route, never a 500 (the
+real engine over a fake runner behind the app: no model files)."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
+from sgl_lite.backend.engine import Engine
 from sgl_lite.server import create_app
-from tests.e2e.server_fixture import serve
-from tests.e2e.test_server_fake_engine import FakeEngine
+from tests.support.fakes import ByteTokenizer, FakeRunner
+from tests.support.server import serve
+
+pytestmark = pytest.mark.unit
 
 ROUTES = ["/generate", "/abort_request", "/v1/completions", "/v1/chat/completions"]
 LIMIT = 64 * 1024
@@ -33,7 +37,10 @@ BODIES = {
 
 @pytest.fixture(scope="module")
 def url():
-    with serve(create_app(FakeEngine(), max_body_bytes=LIMIT)) as base:
+    with (
+        Engine(runner=FakeRunner(num_slots=256), tokenizer=ByteTokenizer(), device="cpu") as engine,
+        serve(create_app(engine, max_body_bytes=LIMIT)) as base,
+    ):
         yield base
 
 

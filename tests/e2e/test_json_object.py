@@ -12,8 +12,8 @@ import pytest
 from sgl_lite.backend.constrained import GrammarCompiler
 from sgl_lite.server import create_app
 from sgl_lite.server.openai.chat import ANY_OBJECT_SCHEMA
-from tests.e2e.server_fixture import serve
-from tests.e2e.test_constrained_support import smollm2_tokenizer
+from tests.support.server import serve
+from tests.support.smollm import smollm2_tokenizer
 
 pytestmark = pytest.mark.e2e
 
@@ -68,7 +68,7 @@ def test_a_deeply_nested_answer_is_allowed_through_the_engine(engine):
 
 
 def test_json_object_outputs_always_parse(client):
-    # NOTE: llguidance gives no budget guarantee (see constrained/llguidance_backend.py): a
+    # NOTE: llguidance gives no budget guarantee (see constrained/matchers/): a
     # sampled answer may run into max_tokens, and then says so (finish_reason "length", as
     # OpenAI's JSON mode does); every answer that finishes parses to a dict.
     finished = 0

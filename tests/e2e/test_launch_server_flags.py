@@ -13,9 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import memory
 from sgl_lite.backend.kvcache import sizing
-from tests.e2e.server_fixture import ENV, free_port, launch, running
+from tests.support.processes import ENV, launch, running
+from tests.support.server import free_port
 
 
 def pool_tokens(url: str) -> int:
@@ -116,8 +118,10 @@ def test_deployment_guide_command_line_serves(tmp_path) -> None:
 
 def test_mem_fraction_static_sizes_the_pool_from_free_memory() -> None:
     folder = memory_folder()
-    per_token = memory.kv_bytes_per_token(folder, "float32")
-    weights = sizing.weight_bytes(folder, "float32")
+    # Sizes in the dtype the server will load (`auto`: bfloat16 on a CPU with a bf16 GEMM).
+    dtype = memory.dense_dtype_name(EngineConfig())
+    per_token = memory.kv_bytes_per_token(folder, dtype)
+    weights = sizing.weight_bytes(folder, dtype)
     target = 12_000  # tokens: choose the fraction that should give about this many
     fraction = (weights + target * per_token) / sizing.available_cpu_memory()
     with running("--mem-fraction-static", f"{fraction:.5f}") as (url, _, _):

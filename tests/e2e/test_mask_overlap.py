@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from sgl_lite.backend.constrained.grammar_guide import BackendGuide
-from sgl_lite.backend.constrained.guide import Guide
+from sgl_lite.backend.constrained import AutomatonGuide
+from sgl_lite.backend.constrained.matchers.grammar_guide import BackendGuide
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.scheduler.mask_prefetch import WORKER_NAME, MaskPrefetcher
-from tests.conftest import NUM_THREADS
+from tests.support import NUM_THREADS
 
 pytestmark = pytest.mark.e2e
 
@@ -68,8 +68,14 @@ def set_overlap(engine: Engine, overlap: bool) -> None:
 @pytest.fixture(scope="module", params=["auto", "xgrammar"])
 def engine(request) -> Iterator[Engine]:
     """`auto` routes regexes and expressible schemas to outlines-core and the rest (any
-    object, EBNF) to llguidance; `xgrammar` takes them all."""
-    eng = Engine(num_threads=NUM_THREADS, max_total_tokens=4096, grammar_backend=request.param)
+    object, EBNF) to llguidance; `xgrammar` takes them all. float32: the tests compare greedy
+    outputs across runs and batches, which are identical in float32 only."""
+    eng = Engine(
+        num_threads=NUM_THREADS,
+        max_total_tokens=4096,
+        grammar_backend=request.param,
+        dtype="float32",
+    )
     assert eng.masks.overlap  # the default
     yield eng
     eng.shutdown()
@@ -79,7 +85,7 @@ def engine(request) -> Iterator[Engine]:
 def mask_calls(monkeypatch) -> list[tuple[object, str]]:
     """(guide's constraint, thread name) of every allowed_mask() call, on every backend."""
     calls: list[tuple[object, str]] = []
-    for cls in (Guide, BackendGuide):
+    for cls in (AutomatonGuide, BackendGuide):
         original = cls.allowed_mask
 
         def recorded(self, _original=original):
@@ -157,7 +163,7 @@ def test_a_mask_that_raises_ends_only_its_request(engine, monkeypatch, overlap) 
     engine.flush_cache()
     expected = engine.generate(prompts, params)
     bad = r"[0-9]{2}-[0-9]{2}-boom"
-    for cls in (Guide, BackendGuide):
+    for cls in (AutomatonGuide, BackendGuide):
         original = cls.allowed_mask
 
         def failing(self, _original=original):

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sgl_lite.server import create_app
-from tests.e2e.server_fixture import flush, serve, sse_events
+from tests.support.server import flush, serve, sse_events
 
 pytestmark = pytest.mark.e2e
 MODEL = "smol-metrics"

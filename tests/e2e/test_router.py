@@ -19,7 +19,8 @@ import pytest
 import sglang_router  # noqa: F401  (the `cluster` extra; `make test` installs it: no skip)
 
 import sgl_lite as sgl
-from tests.e2e.server_fixture import ENV, free_port, running
+from tests.support.processes import ENV, running
+from tests.support.server import free_port
 
 WORKER_FLAGS = ("--max-total-tokens", "4096", "--num-threads", "1", "--log-level", "warning")
 # The router's defaults check health every 60 s and retry 3 times within 0.25 s. These drop a

@@ -11,7 +11,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
 from sgl_lite.server import create_app
-from tests.e2e.server_fixture import serve
+from tests.support.server import serve
 
 pytestmark = pytest.mark.e2e
 

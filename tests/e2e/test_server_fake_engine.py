@@ -1,4 +1,4 @@
-"""The server's mapping of engine outcomes to HTTP, against a fake engine (no model, fast).
+"""The server's mapping of engine outcomes to HTTP, against a scripted engine (no model, fast).
 
 A grammar that fails to compile arrives from the engine as a finished output whose abort
 reason carries an `InvalidRequest`; the server answers 400 with its message and field (before
@@ -14,87 +14,16 @@ import httpx
 import pytest
 
 from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.engine.results import Submission
-from sgl_lite.backend.errors import InvalidRequest
-from sgl_lite.backend.types import FinishReason, ReqOutput
 from sgl_lite.server import create_app
-from tests.e2e.server_fixture import serve, sse_events
+from tests.support.fakes import ScriptedEngine
+from tests.support.server import serve, sse_events
 
-
-def output(rid: str, text: str, ids: list[int], start: int, reason: FinishReason | None):
-    return ReqOutput(
-        rid=rid,
-        text=text,
-        output_ids=tuple(ids),
-        ids_start=start,
-        prompt_tokens=3,
-        completion_tokens=start + len(ids),
-        cached_tokens=0,
-        forced_tokens=0,
-        e2e_latency=0.01,
-        finish_reason=reason,
-    )
-
-
-class FakeEngine:
-    """Answers per the regex it is given: "bad" is refused, "slow" aborts like a compile
-    timeout, "boom" crashes; anything else streams "a", then "b"."""
-
-    def __init__(self) -> None:
-        self.config = EngineConfig(served_model_name="fake", device="cpu")
-        self.model_folder = "/models/fake"
-        self.context_length = 64
-        self.aborted: list[str] = []
-        self.hanging: dict[str, object] = {}  # rid -> sink of a request that never ends
-
-    def max_new_tokens_room(self, prompt_len: int) -> int:
-        return 64 - prompt_len
-
-    def submit(self, sink, prompt=None, sampling_params=None, input_ids=None, rid=None, **_):
-        params = (
-            sampling_params if isinstance(sampling_params, dict) else (sampling_params or [{}])[0]
-        )
-        regex = params.get("regex")
-        if regex == "bad":
-            raise InvalidRequest("regex", "regex 'bad' is not a valid regular expression")
-        if regex == "boom":
-            raise RuntimeError("grammar worker crashed")
-        rid = rid[0]
-        if regex == "hang":  # one token, then nothing until aborted
-            self.hanging[rid] = sink
-            sink(output(rid, "a", [1], 0, None))
-        elif regex == "slow":
-            message = "grammar compile timed out after 10 s"
-            reason = FinishReason.abort(message, InvalidRequest("regex", message))
-            sink(output(rid, "", [], 0, reason))
-        else:
-            sink(output(rid, "a", [1], 0, None))
-            sink(output(rid, "b", [2], 1, FinishReason.length_reached(2)))
-        return Submission((rid,), ((rid,),), batched=True)
-
-    def abort(self, rid: str) -> None:
-        self.aborted.append(rid)
-        sink = self.hanging.pop(rid, None)
-        if sink is not None:
-            sink(output(rid, "", [], 1, FinishReason.abort("aborted by request")))
-
-    def flush_cache(self) -> bool:
-        return True
-
-    def get_server_info(self) -> dict:
-        return {
-            "num_running_reqs": 0,
-            "num_waiting_reqs": 0,
-            "cache_hit_rate": 0.0,
-            "pool_used_tokens": 0,
-            "pool_free_tokens": 128,
-            "cached_tokens": 0,
-        }
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
 def fake():
-    return FakeEngine()
+    return ScriptedEngine()
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +61,7 @@ def test_engine_fault_is_a_500_json_error_and_the_server_keeps_serving(url):
     assert events[-1] == "[DONE]" and events[-2]["text"] == "ab"
 
 
-def wait_aborted(fake: FakeEngine, rid: str) -> None:
+def wait_aborted(fake: ScriptedEngine, rid: str) -> None:
     deadline = time.monotonic() + 10
     while rid not in fake.aborted:
         assert time.monotonic() < deadline, f"{rid} was never aborted"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.e2e.server_fixture import flush, post, server_info, url_fixture
+from tests.support.server import flush, post, server_info, url_fixture
 
 pytestmark = pytest.mark.e2e
 GREEDY = {"temperature": 0, "max_new_tokens": 8}

@@ -10,7 +10,7 @@ import itertools
 import httpx
 import pytest
 
-from tests.e2e.server_fixture import flush, post, sse_events, url_fixture, wait_idle
+from tests.support.server import flush, post, sse_events, url_fixture, wait_idle
 
 pytestmark = pytest.mark.e2e
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
@@ -55,7 +55,7 @@ def test_stop_regex_streams_only_final_text_and_reports_the_match(url):
         "sampling_params": {**GREEDY, "max_new_tokens": 12, "stop_regex": r"\b9\b"},
     }
     full = post(url, "/generate", body).json()
-    assert full["meta_info"]["finish_reason"] == {"type": "stop", "matched": "9"}
+    assert full["meta_info"]["finish_reason"] == {"type": "stop", "matched": r"\b9\b"}
     assert "9" not in full["text"] and full["text"].rstrip().endswith("8,")
     with httpx.stream(
         "POST", f"{url}/generate", json={**body, "stream": True}, timeout=120

@@ -9,7 +9,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.e2e.server_fixture import flush, url_fixture
+from tests.support.server import flush, url_fixture
 
 pytestmark = pytest.mark.e2e
 SERVED = "smollm2"

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
 from sgl_lite.server import create_app
-from tests.e2e.server_fixture import engine_fixture, flush, serve, url_fixture
+from tests.support.server import engine_fixture, flush, serve, url_fixture
 
 MAX_TOKENS = 1  # the contract is about shapes: one token answers as a long output would
 CHECKS = [
@@ -36,7 +36,7 @@ url = url_fixture()
 def _published_spec() -> dict:
     """The spec as the app builds it (it does not depend on the model: a fake engine will do)."""
     from sgl_lite.backend.engine import Engine
-    from tests.unit.fakes import ByteTokenizer, FakeRunner
+    from tests.support.fakes import ByteTokenizer, FakeRunner
 
     fake = Engine(runner=FakeRunner(num_slots=64), tokenizer=ByteTokenizer(), device="cpu")
     try:
@@ -74,6 +74,8 @@ def cap_generation(path: str, body: object) -> None:
         _cap(body, "max_completion_tokens")
         if _is_int(body.get("n")) and 2 < body["n"] <= 64:  # over 64: a negative example
             body["n"] = 2
+    elif path == "/v1/responses":
+        _cap(body, "max_output_tokens")
 
 
 contract = schemathesis.openapi.from_dict(_published_spec())

@@ -2,7 +2,7 @@
 Retry-After and counts it in /metrics; a request past its `timeout` ends with an abort reason and
 gives its slots back; `timeout: -1` is a 400 naming the field.
 
-The real Engine and server on a slow fake runner (tests/unit/fakes.py), so "queued" and
+The real Engine and server on a slow fake runner (tests/support/fakes.py), so "queued" and
 "running too long" are states the test can hold on to without a model.
 """
 
@@ -16,8 +16,10 @@ import pytest
 
 from sgl_lite.backend.engine import Engine
 from sgl_lite.server import create_app
-from tests.e2e.server_fixture import flush, serve, server_info
-from tests.unit.fakes import ByteTokenizer, SlowRunner
+from tests.support.fakes import ByteTokenizer, SlowRunner
+from tests.support.server import flush, serve, server_info
+
+pytestmark = pytest.mark.unit
 
 POOL = 2048
 

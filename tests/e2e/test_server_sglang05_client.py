@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sgl_lite.server import create_app
-from tests.e2e.server_fixture import serve
+from tests.support.server import serve
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import sglang as sgl  # installed by `make setup` (see above)
 
-from tests.e2e.server_fixture import flush, url_fixture, wait_idle
+from tests.support.server import flush, url_fixture, wait_idle
 
 pytestmark = pytest.mark.e2e
 

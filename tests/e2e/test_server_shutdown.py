@@ -12,8 +12,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import NUM_THREADS
-from tests.e2e.server_fixture import Server, running, server_info, sse_events
+from tests.support import NUM_THREADS
+from tests.support.processes import Server, running
+from tests.support.server import server_info, sse_events
 
 SHUTDOWN_TIMEOUT = 3.0
 

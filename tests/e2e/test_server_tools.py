@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from sgl_lite.server import create_app
-from tests.e2e.server_fixture import flush, serve
+from tests.support.server import flush, serve
 
 pytestmark = pytest.mark.e2e
 

@@ -6,61 +6,26 @@ refused or closed, xgrammar's oneOf-as-anyOf reported, and routing under
 
 from __future__ import annotations
 
-import functools
-import json
 import time
 
-import jsonschema
 import pytest
-import torch
 
 from sgl_lite.backend.constrained import BudgetError, GrammarCompiler, GrammarError
-from tests.e2e.test_constrained_fidelity import ENFORCED
-from tests.e2e.test_constrained_llguidance import ARITHMETIC, SQL, SQL_REFERENCE, _bias, _Parser
-from tests.e2e.test_constrained_support import smollm2_tokenizer
+from tests.support.constrained import (
+    GRAMMAR_BACKENDS,
+    ArithmeticParser,
+    backend_decode,
+    compiler,
+    valid_json,
+)
+from tests.support.constraints import ARITHMETIC, ENFORCED, SQL, SQL_REFERENCE
+from tests.support.smollm import smollm2_tokenizer
 
-GRAMMAR_BACKENDS = ("llguidance", "xgrammar")
+pytestmark = pytest.mark.tokenizer
+
 # What xgrammar 0.2 reads loosely (probed on its matcher): `allOf` parts past the first are
 # not all enforced. Outputs on these may be invalid; the final validation must then say so.
 XGRAMMAR_APPROXIMATES = {"all_of"}
-
-
-@functools.cache
-def compiler(backend: str) -> GrammarCompiler:
-    return GrammarCompiler(smollm2_tokenizer(), timeout_s=60.0, backend=backend)
-
-
-def decode(grammar, *, seed: int, constraint=None, max_steps: int = 400, budget=None):
-    """Random logits (closing characters favoured) masked by the guide, argmax, with the
-    backend's own jump-forward; returns (text, guide) so the caller can read its meta_info."""
-    tokenizer = smollm2_tokenizer()
-    gen = torch.Generator().manual_seed(seed)
-    guide = grammar.new_guide(max_new_tokens=budget, constraint=constraint)
-    out: list[int] = []
-    for _ in range(max_steps):
-        if guide.is_finished() or (budget is not None and guide.tokens_left <= 0):
-            break
-        logits = torch.randn(len(tokenizer), generator=gen) + _bias()  # (V,)
-        logits.masked_fill_(~guide.allowed_mask(), float("-inf"))
-        token = int(logits.argmax())
-        if token == tokenizer.eos_token_id:
-            assert guide.is_accepting()
-            break
-        guide.advance(token)
-        out.append(token)
-        for forced in guide.forced_tokens():
-            guide.advance(forced)
-            out.append(forced)
-    return tokenizer.decode(out), guide
-
-
-def _valid(schema: dict, text: str) -> bool:
-    try:
-        cls = jsonschema.validators.validator_for(schema)
-        cls(schema, format_checker=cls.FORMAT_CHECKER).validate(json.loads(text))
-    except (ValueError, jsonschema.ValidationError):
-        return False
-    return True
 
 
 @pytest.mark.parametrize("name", list(ENFORCED))
@@ -74,9 +39,9 @@ def test_fidelity_matrix_enforced_refused_or_reported(backend: str, name: str) -
         return
     assert grammar.backend == backend
     for seed in range(3):
-        text, guide = decode(grammar, seed=seed, constraint=("json_schema", schema))
+        text, guide = backend_decode(grammar, seed=seed, constraint=("json_schema", schema))
         meta = guide.meta_info(text)
-        valid = _valid(schema, text)
+        valid = valid_json(schema, text)
         # the one guarantee every backend gives: invalid output is never passed off as valid
         assert (meta["constraint_violation"] is None) == valid, (name, text, meta)
         if not (backend == "xgrammar" and name in XGRAMMAR_APPROXIMATES):
@@ -86,10 +51,10 @@ def test_fidelity_matrix_enforced_refused_or_reported(backend: str, name: str) -
 @pytest.mark.parametrize("backend", GRAMMAR_BACKENDS)
 def test_ebnf_outputs_parse_on_each_grammar_backend(backend: str) -> None:
     for seed in range(4):
-        text, guide = decode(compiler(backend).compile("ebnf", ARITHMETIC), seed=seed)
-        _Parser(text).parse()
+        text, guide = backend_decode(compiler(backend).compile("ebnf", ARITHMETIC), seed=seed)
+        ArithmeticParser(text).parse()
         assert guide.meta_info(text)["constraint_violation"] is None
-        text, _ = decode(compiler(backend).compile("ebnf", SQL), seed=seed)
+        text, _ = backend_decode(compiler(backend).compile("ebnf", SQL), seed=seed)
         assert SQL_REFERENCE.fullmatch(text), text
 
 
@@ -117,8 +82,8 @@ def test_the_slow_compile_schema_compiles_in_under_a_second(backend: str) -> Non
     start = time.perf_counter()
     grammar = compiler(backend).compile("json_schema", schema)
     assert time.perf_counter() - start < 1.0
-    text, guide = decode(grammar, seed=0)
-    assert _valid(schema, text) and guide.meta_info(text)["constraint_violation"] is None
+    text, guide = backend_decode(grammar, seed=0)
+    assert valid_json(schema, text) and guide.meta_info(text)["constraint_violation"] is None
 
 
 @pytest.mark.parametrize("backend", GRAMMAR_BACKENDS)
@@ -139,7 +104,7 @@ def test_a_small_budget_is_refused_or_closed_never_cut(backend: str) -> None:
             out.append(forced)
     text = smollm2_tokenizer().decode(out)
     meta = guide.meta_info(text)
-    assert len(out) <= grammar.min_tokens + 2 and _valid(schema, text), text
+    assert len(out) <= grammar.min_tokens + 2 and valid_json(schema, text), text
     assert meta["budget_closed"] is True and meta["budget_cut"] is False, meta
 
 
@@ -167,5 +132,5 @@ def test_xgrammar_backend_routes_every_kind_and_names_bad_input() -> None:
         xg.validate("regex", "(unclosed")
     with pytest.raises(ValueError, match="xgrammar"):
         GrammarCompiler(smollm2_tokenizer(), backend="xgrammar2")
-    text, _ = decode(xg.compile("regex", r"[0-9]{3}-[a-z]{2}"), seed=0)
+    text, _ = backend_decode(xg.compile("regex", r"[0-9]{3}-[a-z]{2}"), seed=0)
     assert len(text) == 6 and text[3] == "-"

@@ -4,48 +4,17 @@ and masks give the same logits and K/V as the ordinary forward pass."""
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
-from sgl_lite.backend.kvcache.kv_pool import KVPool
 from sgl_lite.backend.runner.decode_graphs import DecodeGraphs
-from sgl_lite.backend.runner.model_runner import ModelRunner
-from sgl_lite.backend.runner.models.llama import LlamaForCausalLM, head_dim_of
 from sgl_lite.backend.types import Segment
-from tests.conftest import TINY_LLAMA
-
-CONFIG = LlamaConfig(**{**TINY_LLAMA, "vocab_size": 211})
-
-
-def _runner() -> ModelRunner:
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(CONFIG).eval()
-    model = LlamaForCausalLM(CONFIG, 128)
-    model.load_hf_state_dict(hf.state_dict())
-    runner = ModelRunner.__new__(ModelRunner)
-    runner.model, runner.device = model.eval(), torch.device("cpu")
-    runner.context_length, runner.vocab_size = 128, CONFIG.vocab_size
-    runner.pool = KVPool(
-        num_layers=2, num_slots=400, num_kv_heads=2, head_dim=head_dim_of(CONFIG), scratch_slots=1
-    )
-    return runner
-
-
-def _prefill(runner: ModelRunner, lengths: list[int]) -> list[tuple[list[int], torch.Tensor]]:
-    gen = torch.Generator().manual_seed(1)
-    seqs = []
-    for n in lengths:
-        ids = torch.randint(0, 211, (n + 1,), generator=gen).tolist()
-        slots = runner.pool.alloc(n + 1)
-        runner.forward([Segment(token_ids=ids[:n], start=0, kv_slots=slots[:n], logits_from=n)])
-        seqs.append((ids, slots))
-    return seqs
+from tests.support.tiny import prefill_random, tiny_runner
 
 
 def test_padded_static_buffer_step_equals_the_eager_decode():
-    runner = _runner()
+    runner = tiny_runner()
     graphs = DecodeGraphs(runner, capture=False)
     assert graphs.buckets == (128,) and runner.pool.scratch_slot == 400
-    seqs = _prefill(runner, [5, 40, 17])  # three requests: padded to the batch-4 graph
+    seqs = prefill_random(runner, [5, 40, 17])  # three requests: padded to the batch-4 graph
     step = [
         Segment(token_ids=ids[-1:], start=len(ids) - 1, kv_slots=s, logits_from=0)
         for ids, s in seqs
@@ -62,9 +31,9 @@ def test_padded_static_buffer_step_equals_the_eager_decode():
 
 
 def test_passes_no_graph_fits_run_eagerly():
-    runner = _runner()
+    runner = tiny_runner()
     graphs = DecodeGraphs(runner, capture=False)
-    ((ids, slots),) = _prefill(runner, [10])
+    ((ids, slots),) = prefill_random(runner, [10])
     prefill = Segment(token_ids=ids[:3], start=0, kv_slots=slots[:3], logits_from=0)
     assert graphs.run([prefill]) is None
     long = runner.pool.alloc(129)

@@ -6,7 +6,7 @@ import torch
 
 from sgl_lite.backend.runner.decode_kv import ROUND, DecodeKV
 from sgl_lite.backend.types import Segment
-from tests.model.test_decode_graphs import _prefill, _runner
+from tests.support.tiny import prefill_random, tiny_runner
 
 
 def _decode(runner, seqs, steps: int, kept: bool) -> list[torch.Tensor]:
@@ -36,8 +36,8 @@ def _decode(runner, seqs, steps: int, kept: bool) -> list[torch.Tensor]:
 
 
 def test_kept_copies_give_the_same_logits_as_gathering():
-    base = _runner()
-    seqs = _prefill(base, [5, 40, 17])
+    base = tiny_runner()
+    seqs = prefill_random(base, [5, 40, 17])
     # room for 12 more tokens per request: reallocate slots with headroom
     grown = []
     for ids, slots in seqs:
@@ -55,7 +55,7 @@ def test_kept_copies_give_the_same_logits_as_gathering():
 
 
 def test_any_pass_that_is_not_a_decode_step_resets_the_copies():
-    runner = _runner()
+    runner = tiny_runner()
     kv = DecodeKV(runner.pool)
     slots = runner.pool.alloc(20)
     step = [Segment(token_ids=[1], start=9, kv_slots=slots[:10], logits_from=0)]

@@ -26,7 +26,7 @@ from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.models import FAMILIES, SUPPORTED_MODEL_TYPES
 from sgl_lite.backend.runner.models.llama import RotaryEmbedding, head_dim_of
 from sgl_lite.backend.types import Segment
-from tests.conftest import NUM_THREADS
+from tests.support import NUM_THREADS
 
 VOCAB = 384  # the tiny tokenizer's ~360 tokens, rounded up
 TINY = dict(

@@ -13,6 +13,8 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.types import Segment
 
+pytestmark = pytest.mark.e2e
+
 PROMPT_LEN, OTHER_LEN = 80, 37
 
 

@@ -15,7 +15,7 @@ from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.models.gemma import GemmaForCausalLM
 from sgl_lite.backend.runner.models.llama import head_dim_of
 from sgl_lite.backend.types import Segment
-from tests.conftest import NUM_THREADS
+from tests.support import NUM_THREADS
 
 WINDOW = 8
 SMALL = dict(

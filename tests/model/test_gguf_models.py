@@ -24,8 +24,9 @@ from sgl_lite.backend.runner.model_loader import (
 from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.types import Segment
-from tests.conftest import NUM_THREADS, build_tiny_tokenizer
-from tests.fixtures.gguf_files import write_gguf
+from tests.support import NUM_THREADS
+from tests.support.gguf_files import write_gguf
+from tests.support.tiny import build_tiny_tokenizer
 
 TINY = dict(
     hidden_size=64,

@@ -15,7 +15,8 @@ from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.runner.model_loader import ModelLoadError
 from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.models import SUPPORTED_MODEL_TYPES
-from tests.conftest import NUM_THREADS, TINY_LLAMA
+from tests.support import NUM_THREADS
+from tests.support.tiny import TINY_LLAMA
 
 WEIGHTS = "model.safetensors"
 

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from sgl_lite.backend.engine import Engine
-from tests.conftest import NUM_THREADS
+from tests.support import NUM_THREADS
 
 TINY = dict(
     vocab_size=49152,

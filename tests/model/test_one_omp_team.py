@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.omp_threads import use_one_omp_thread
-from tests.conftest import NUM_THREADS
+from tests.support import NUM_THREADS
 
 # Allocations run no kernel, so no parallel region (small request tensors are built this way).
 ALLOCATIONS = {"aten.empty.memory_format", "aten.empty_strided.default"}

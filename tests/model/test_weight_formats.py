@@ -20,7 +20,7 @@ from sgl_lite.backend.runner.weights.formats import resolve_format
 from sgl_lite.backend.runner.weights.gguf_tensors import _decode_blocks, read_quantized
 from sgl_lite.backend.runner.weights.packing import pack_model
 from sgl_lite.backend.types import Segment
-from tests.conftest import TINY_LLAMA
+from tests.support.tiny import TINY_LLAMA
 
 # A fixed natural text for perplexity (no repetition, so the figure means something).
 PPL_TEXT = (
@@ -225,6 +225,7 @@ def test_tiny_model_int_path_gives_the_same_bits_in_every_pass_shape_and_stays_n
     assert (dense.argmax(-1) == whole.argmax(-1)).float().mean() >= 0.95
 
 
+@pytest.mark.e2e  # runs SmolLM2 itself (no `engine` fixture tells the tier)
 def test_int_kernels_are_row_invariant_on_this_cpu_or_auto_runs_dense(smollm_folder):
     """The int modes' cache on/off guarantee rests on the kernels' row invariance, checked at
     load; `auto` keeps the kernels only where it holds."""
@@ -235,6 +236,7 @@ def test_int_kernels_are_row_invariant_on_this_cpu_or_auto_runs_dense(smollm_fol
     assert (runner.format.int_kind == "int4") == invariant, runner.format.describe()
 
 
+@pytest.mark.e2e  # runs SmolLM2 itself (no `engine` fixture tells the tier)
 def test_embedded_model_in_auto_matches_float32_top1_and_perplexity(
     smollm_folder, smollm_tokenizer
 ):

@@ -10,7 +10,7 @@ import pytest
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.engine.admission import Admission
 from sgl_lite.backend.errors import InvalidRequest, QueueFull
-from tests.unit.fakes import ByteTokenizer, SlowRunner
+from tests.support.fakes import ByteTokenizer, SlowRunner
 
 POOL = 2048
 

@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
+from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.kvcache.radix_cache import RadixCache
 from sgl_lite.cache_view import (
     cached_sequences,
@@ -19,6 +20,8 @@ from sgl_lite.cache_view import (
     snippet,
     tree_to_dict,
 )
+from sgl_lite.frontend.backends.engine import EngineBackend
+from tests.support.fakes import ByteTokenizer, FakeRunner
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -117,14 +120,13 @@ def test_show_cache_prints_text_or_writes_by_suffix(tmp_path, capsys) -> None:
     show_cache(tree, tmp_path / "c.json")
     assert json.loads((tmp_path / "c.json").read_text()) == tree
 
-    class FakeEngine:
-        def cache_tree(self):
-            return tree
-
-    class FakeBackend:
-        engine = FakeEngine()
-
-    assert show_cache(FakeBackend(), tmp_path / "c.txt") == text
+    # An Engine, and an EngineBackend around one (its `.engine`): the real engine, fake runner.
+    with Engine(runner=FakeRunner(num_slots=256), tokenizer=ByteTokenizer(), device="cpu") as eng:
+        eng.generate(["cache me", "cache you"], {"max_new_tokens": 2, "temperature": 0})
+        held = render_text(eng.cache_tree())
+        assert "cache" in held
+        assert show_cache(eng, tmp_path / "e.txt") == held
+        assert show_cache(EngineBackend(engine=eng), tmp_path / "b.txt") == held
     with pytest.raises(TypeError, match="show_cache expects"):
         show_cache(42)
     with pytest.raises(RuntimeError, match="cannot reach"):

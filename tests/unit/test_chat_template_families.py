@@ -10,8 +10,8 @@ import pytest
 
 from sgl_lite.frontend.chat_template import ChatTemplate, from_tokenizer
 from sgl_lite.frontend.transcript import Transcript
-from tests.conftest import build_tiny_tokenizer
-from tests.fixtures.chat_templates import FAMILIES, Family
+from tests.support.chat_templates import FAMILIES, Family
+from tests.support.tiny import build_tiny_tokenizer
 
 SYSTEM = "You answer in one word."
 CONVERSATIONS = {

@@ -9,7 +9,7 @@ import pytest
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
-from tests.unit.fakes import ByteTokenizer, FakeRunner
+from tests.support.fakes import ByteTokenizer, FakeRunner
 
 
 def test_the_environment_fills_only_what_the_arguments_leave_unset(monkeypatch):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sgl_lite.backend.sampling_params import SamplingParams
 from sgl_lite.backend.scheduler.detokenizer import IncrementalDetokenizer
-from tests.unit.fakes import EOS, ByteTokenizer
+from tests.support.fakes import EOS, ByteTokenizer
 
 
 def run(ids: list[int], **params) -> tuple[list[str], str | None, IncrementalDetokenizer]:
@@ -104,7 +104,7 @@ def test_cost_per_token_does_not_grow_with_the_output():
     assert tok.decoded_tokens < 8 * len(out)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(
     text=st.text(alphabet="ab;é\n", min_size=0, max_size=40),
     stops=st.lists(st.text(alphabet="ab;é\n", min_size=1, max_size=3), max_size=2),
@@ -124,7 +124,7 @@ def test_streamed_text_matches_a_reference_trim(text, stops):
     assert re.escape(first[1])  # the matched text is one of the stops
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(
     text=st.text(alphabet="ab;é✓", min_size=1, max_size=30),
     steps=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 6)), min_size=1, max_size=12),

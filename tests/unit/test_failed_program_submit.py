@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import sgl_lite as sgl
-from tests.unit.test_frontend_mock import MockBackend
+from tests.support.mock_backend import MockBackend
 
 
 def test_steps_added_after_a_failure_do_not_hang_the_batch() -> None:

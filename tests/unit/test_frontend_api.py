@@ -49,7 +49,7 @@ def test_dtype_becomes_a_regex_and_adds_the_dtype_stops():
     req = sampling.resolve(
         sgl.gen_int("n").sampling, sampling.run_defaults({}), get_chat_template("default")
     )
-    assert req.sampling_params["regex"] == r"[-+]?[0-9]+"
+    assert req.sampling_params["regex"] == r"[-+]?[0-9]{1,19}"
     assert req.sampling_params["stop"] == [" ", "\n"]
     req = sampling.resolve(
         sgl.gen_string("s").sampling, sampling.run_defaults({}), get_chat_template("chatml")

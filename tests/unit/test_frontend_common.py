@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ from sgl_lite.common import (
 )
 from sgl_lite.frontend import ir, sampling
 from sgl_lite.frontend.chat_template import get_chat_template
+from tests.support.mock_backend import MockBackend
 
 
 def test_import_sgl_lite_loads_neither_torch_nor_outlines_core():
@@ -36,7 +38,7 @@ def test_import_sgl_lite_loads_neither_torch_nor_outlines_core():
         "@sgl.function\n"
         "def prog(s):\n"
         "    s += sgl.user('n?') + sgl.assistant(sgl.gen('n', dtype=int))\n"
-        "assert prog.run(backend=Echo())['n'] == '[-+]?[0-9]+'\n"
+        "assert prog.run(backend=Echo())['n'] == '[-+]?[0-9]{1,19}'\n"
         "heavy = [m for m in ('torch', 'outlines_core', 'transformers') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
@@ -88,11 +90,29 @@ def test_a_resolved_gen_request_carries_only_engine_sampling_params():
     assert req.sampling_params["max_new_tokens"] == 3 and req.return_logprob
 
 
-def test_dtype_regexes_are_sglangs():
-    assert dtype_to_regex(int) == dtype_to_regex("int") == r"[-+]?[0-9]+"
+def test_dtype_regexes_are_sglangs_with_bounded_digits():
+    assert dtype_to_regex(int) == dtype_to_regex("int") == r"[-+]?[0-9]{1,19}"
+    assert dtype_to_regex(float) == r"[-+]?([0-9]{1,15}(\.[0-9]{1,6})?|\.[0-9]{1,6})"
     assert dtype_to_regex(bool) == r"(True|False)"
+    assert dtype_to_regex(str) == r"\"[\w\d\s]*\""
     with pytest.raises(ValueError, match="dtype must be one of"):
         dtype_to_regex(list)
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: sgl.gen("n", dtype=int), lambda: sgl.gen_int("n")], ids=["dtype", "gen_int"]
+)
+def test_int_programs_send_a_regex_that_refuses_20_digits(make):
+    # through run(): the regex the backend receives in its sampling params (echoed back)
+    @sgl.function
+    def prog(s):
+        s += sgl.user("n?") + sgl.assistant(make())
+
+    backend = MockBackend(lambda text, request: request.sampling_params["regex"])
+    regex = prog.run(backend=backend)["n"]
+    assert re.fullmatch(regex, "-" + "9" * 19) and re.fullmatch(regex, "0")
+    assert not re.fullmatch(regex, "9" * 20)
+    assert not re.fullmatch(regex, "+" + "1" * 128)  # SGLang's test_decode_int length
 
 
 # Patterns with what outlines-core (the engine's automaton builder) does with each.

@@ -10,7 +10,7 @@ import pytest
 
 import sgl_lite as sgl
 from sgl_lite.frontend.backends.runtime import Runtime
-from tests.unit.test_frontend_mock import MockBackend
+from tests.support.mock_backend import MockBackend
 
 
 def _requests(backend):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import sgl_lite as sgl
-from tests.unit.test_frontend_mock import MockBackend
+from tests.support.mock_backend import MockBackend
 
 PARITY_DOC = Path(__file__).resolve().parents[2] / "docs" / "sglang_parity.md"
 

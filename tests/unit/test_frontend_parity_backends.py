@@ -13,7 +13,7 @@ import pytest
 import sgl_lite as sgl
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
-from tests.unit.fakes import ByteTokenizer, FakeRunner
+from tests.support.fakes import ByteTokenizer, FakeRunner
 
 
 class FakeResponse:

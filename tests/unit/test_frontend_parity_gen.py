@@ -9,7 +9,7 @@ import pytest
 
 import sgl_lite as sgl
 from sgl_lite.frontend.choices import ChoicesDecision, ChoicesSamplingMethod
-from tests.unit.test_frontend_mock import MockBackend
+from tests.support.mock_backend import MockBackend
 
 
 def _requests(backend):

@@ -7,7 +7,7 @@ import asyncio
 
 import sgl_lite as sgl
 from sgl_lite.frontend.backends.base import GenResult
-from tests.unit.test_frontend_mock import MockBackend
+from tests.support.mock_backend import MockBackend
 
 
 def test_text_async_iter_with_meta_data_yields_chunk_meta_pairs():

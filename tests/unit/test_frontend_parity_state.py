@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import sgl_lite as sgl
-from tests.unit.test_frontend_mock import MockBackend
+from tests.support.mock_backend import MockBackend
 
 
 def _requests(backend):

@@ -1,47 +1,88 @@
-"""The test tiers of tests/conftest.py: markers by directory, SmolLM2 fixtures make a test e2e."""
+"""The test tiers (tests/support/tiers.py): a test's tier is what it needs (its directory's, a
+declared marker, the shared SmolLM2 fixtures, the launch helpers), never lighter."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from tests.conftest import SMOLLM_FIXTURES, tier_of
+from tests.support import processes
+from tests.support.tiers import FIXTURE_TIERS, TESTS, TIERS, tier_of
 
-TESTS = Path(__file__).resolve().parents[1]
 
-
-def fake_item(relative: str, *fixtures: str) -> SimpleNamespace:
-    return SimpleNamespace(path=TESTS / relative, fixturenames=list(fixtures))
+def fake_item(relative: str, *fixtures: str, marks=(), **module_globals) -> SimpleNamespace:
+    module = ModuleType("test_x")
+    module.__dict__.update(module_globals)
+    return SimpleNamespace(
+        nodeid=f"{relative}::test_x",
+        path=TESTS / relative,
+        fixturenames=list(fixtures),
+        module=module,
+        iter_markers=lambda: [SimpleNamespace(name=m) for m in (*marks, "parametrize")],
+    )
 
 
 def test_this_test_is_marked_unit(request):
     assert request.node.get_closest_marker("unit") is not None
-    assert request.node.get_closest_marker("e2e") is None
+    assert not [t for t in TIERS if t != "unit" and request.node.get_closest_marker(t)]
+
+
+def own_engine():  # a module's own `engine` fixture (a fake one, say) is not the shared one
+    pass
 
 
 @pytest.mark.parametrize(
-    "path, fixtures, tier",
+    "path, fixtures, marks, module_globals, tier",
     [
-        ("unit/test_x.py", (), "unit"),
-        ("unit/test_x.py", ("tiny_tokenizer",), "unit"),
-        ("model/test_x.py", ("tmp_path",), "model"),
-        ("e2e/test_x.py", ("engine",), "e2e"),
-        ("cuda/test_x.py", (), "cuda"),
-        ("unit/test_x.py", ("smollm_tokenizer",), "e2e"),
-        ("model/test_x.py", ("hf_smollm", "tmp_path"), "e2e"),
-        ("test_top_level.py", (), None),
+        ("unit/test_x.py", (), (), {}, "unit"),
+        ("bench/test_x.py", (), (), {}, "unit"),
+        ("unit/test_x.py", ("tiny_tokenizer",), (), {}, "unit"),
+        ("model/test_x.py", ("tmp_path",), (), {}, "model"),
+        ("unit/test_x.py", ("smollm_folder", "smollm_tokenizer"), (), {}, "tokenizer"),
+        ("model/test_x.py", ("smollm_tokenizer", "tmp_path"), (), {}, "tokenizer"),
+        ("model/test_x.py", ("hf_smollm", "smollm_folder"), (), {}, "e2e"),
+        ("unit/test_x.py", ("engine",), (), {}, "e2e"),
+        ("unit/test_x.py", ("engine",), (), {"engine": own_engine}, "unit"),
+        ("e2e/test_x.py", (), (), {}, "e2e"),
+        ("e2e/test_x.py", (), ("tokenizer",), {}, "tokenizer"),
+        ("e2e/test_x.py", (), ("unit",), {}, "unit"),
+        ("model/test_x.py", ("smollm_folder",), ("e2e",), {}, "e2e"),
+        ("e2e/test_x.py", ("engine",), (), {"running": processes.running}, "process"),
+        ("e2e/test_x.py", (), (), {"ENV": processes.ENV}, "process"),
+        ("e2e/test_x.py", (), (), {"ENV": dict(processes.ENV)}, "e2e"),  # only the helpers
+        ("cuda/test_x.py", ("smollm_tokenizer",), (), {}, "cuda"),
     ],
 )
-def test_tier_comes_from_the_directory_unless_the_test_uses_smollm2(path, fixtures, tier):
-    assert tier_of(fake_item(path, *fixtures)) == tier
+def test_tier_is_the_heaviest_of_what_the_test_needs(path, fixtures, marks, module_globals, tier):
+    assert tier_of(fake_item(path, *fixtures, marks=marks, **module_globals)) == tier
 
 
-def test_every_smollm2_fixture_exists_in_conftest():
-    import tests.conftest as conftest
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        (fake_item("e2e/test_x.py", "engine", marks=("tokenizer",)), "marked tokenizer"),
+        (fake_item("unit/test_x.py", "hf_smollm", marks=("unit",)), "uses hf_smollm: it is e2e"),
+        (fake_item("e2e/test_x.py", marks=("unit", "e2e")), "one tier per test"),
+        (fake_item("test_top_level.py"), "no tier for tests/test_top_level.py/"),
+    ],
+)
+def test_a_declared_tier_lighter_than_the_needs_is_an_error(item, message):
+    with pytest.raises(pytest.UsageError, match=message):
+        tier_of(item)
 
-    assert all(callable(getattr(conftest, name, None)) for name in SMOLLM_FIXTURES)
+
+def test_every_tier_fixture_is_a_fixture_of_the_conftest():
+    tree = ast.parse(Path(TESTS, "conftest.py").read_text())
+    fixtures = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and any("fixture" in ast.unparse(d) for d in node.decorator_list)
+    }
+    assert set(FIXTURE_TIERS) <= fixtures
 
 
 def test_the_tiny_tokenizer_is_built_here_and_renders_its_chat_template(tiny_tokenizer):

@@ -22,7 +22,7 @@ import sgl_lite as sgl
 from sgl_lite.frontend.backends.base import GenRequest, StepTimeout
 from sgl_lite.frontend.backends.runtime_endpoint import RuntimeEndpoint
 from sgl_lite.frontend.executor import ProgramError
-from tests.unit.test_frontend_mock import MockBackend
+from tests.support.mock_backend import MockBackend
 
 
 @sgl.function

@@ -1,16 +1,20 @@
 """Chat-template derivation and select's token boundary with a tiny BPE tokenizer built in the
-test (ChatML template with a default system prompt, as SmolLM2's), and EngineBackend against a
-fake engine that follows the Engine API."""
+test (ChatML template with a default system prompt, as SmolLM2's), and EngineBackend on the
+real engine over a fake runner: what it sends, and scores equal to the runner's logprobs."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 import sgl_lite as sgl
+from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.engine import Engine
 from sgl_lite.frontend.backends.engine import EngineBackend
 from sgl_lite.frontend.chat_template import from_tokenizer
 from sgl_lite.frontend.choices import choice_tokens
-from tests.conftest import TINY_SYSTEM_PROMPT
+from tests.support.fakes import FakeRunner, SlowRunner, hashed_next
+from tests.support.tiny import TINY_SYSTEM_PROMPT
 
 
 @pytest.fixture(scope="module")
@@ -18,76 +22,56 @@ def tok(tiny_tokenizer):
     return tiny_tokenizer
 
 
-class FakeEngine:
-    """Engine.generate's contract: text or ids (single or batch), logprobs from a start index."""
+class Recorded:
+    """The real engine, recording each generate call's arguments (what EngineBackend sent)."""
 
-    def __init__(self, tokenizer, reply="Paris", abort=False):
-        self.tokenizer, self.reply, self.abort = tokenizer, reply, abort
-        self.calls = []
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.calls = engine, []
 
-    @staticmethod
-    def logprob(token_id):
-        return -((token_id * 7919) % 101) / 10.0
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
 
-    def generate(
-        self,
-        prompt=None,
-        sampling_params=None,
-        input_ids=None,
-        return_logprob=False,
-        logprob_start_len=-1,
-        top_logprobs_num=0,
-        return_text_in_logprobs=False,
-        stream=False,
-        rid=None,
-    ):
+    def generate(self, prompt=None, sampling_params=None, input_ids=None, **kwargs):
         self.calls.append(
             {
                 "prompt": prompt,
                 "input_ids": input_ids,
                 "params": sampling_params,
-                "return_logprob": return_logprob,
-                "start": logprob_start_len,
+                "return_logprob": kwargs.get("return_logprob", False),
+                "start": kwargs.get("logprob_start_len", -1),
             }
         )
-        batched = isinstance(prompt, list) or (input_ids and isinstance(input_ids[0], list))
-        items = (
-            prompt
-            if isinstance(prompt, list)
-            else input_ids
-            if batched
-            else [prompt if prompt is not None else input_ids]
-        )
-        outs = [
-            self._one(x, sampling_params or {}, return_logprob, logprob_start_len) for x in items
-        ]
-        if stream:
-            text = outs[0]["text"]
-            return iter(
-                [{"text": text[:i], "meta_info": {}} for i in range(1, len(text))] + [outs[0]]
-            )
-        return outs if batched else outs[0]
+        return self.engine.generate(prompt, sampling_params, input_ids, **kwargs)
 
-    def _one(self, x, params, return_logprob, start):
-        ids = self.tokenizer.encode(x, add_special_tokens=False) if isinstance(x, str) else x
-        text = "" if params.get("max_new_tokens") == 0 else self.reply
-        reason = (
-            {"type": "abort", "message": "out of memory"}
-            if self.abort
-            else {"type": "stop", "matched": None}
-        )
-        meta = {
-            "prompt_tokens": len(ids),
-            "completion_tokens": 0,
-            "cached_tokens": 0,
-            "finish_reason": reason,
-        }
-        if return_logprob:
-            s = max(start, 0)  # SGLang: the entry at logprob_start_len has a None logprob
-            meta["input_token_logprobs"] = [
-                [None if i == s else self.logprob(ids[i]), ids[i], None] for i in range(s, len(ids))
-            ]
-        return {"text": text, "output_ids": [], "meta_info": meta}
+
+@pytest.fixture(scope="module")
+def runner(tok):
+    """A fake runner whose predictions are the tiny tokenizer's single-letter tokens, so what
+    it generates decodes (and streams) as plain text."""
+    letters = [tok.convert_tokens_to_ids(c) for c in "abcdefghijklmnopqrstuvwxyz"]
+    return FakeRunner(
+        num_slots=4096,
+        vocab_size=len(tok),
+        next_token=lambda seq: letters[hashed_next(seq) - ord("a")],
+    )
+
+
+@pytest.fixture(scope="module")
+def real_engine(tok, runner):
+    """The real engine over a fake runner, with the tiny tokenizer (no model files)."""
+    with Engine(EngineConfig(device="cpu"), runner=runner, tokenizer=tok) as engine:
+        yield engine
+
+
+@pytest.fixture
+def recorded(real_engine):
+    real_engine.flush_cache()
+    return Recorded(real_engine)
+
+
+def fake_logprob(runner: FakeRunner, ids: list[int], position: int) -> float:
+    """The fake runner's log-probability of ids[position] after ids[:position]."""
+    return torch.log_softmax(runner.logits(ids[:position]), -1)[ids[position]].item()
 
 
 def test_roles_are_derived_from_the_tokenizers_template(tok):
@@ -110,21 +94,21 @@ def test_roles_are_derived_from_the_tokenizers_template(tok):
             )
 
 
-def test_program_prompt_matches_apply_chat_template(tok):
-    backend = EngineBackend(engine=FakeEngine(tok))
+def test_program_prompt_matches_apply_chat_template(tok, recorded):
+    backend = EngineBackend(engine=recorded)
     state = backend_run(
         backend,
         sgl.user("What is the capital of France?"),
-        sgl.assistant(sgl.gen("answer", max_tokens=8)),
+        sgl.assistant(sgl.gen("answer", max_tokens=8, temperature=0)),
     )
-    assert state["answer"] == "Paris"
-    sent = backend.engine.calls[0]["prompt"]
-    assert sent == tok.apply_chat_template(
+    (call,) = recorded.calls
+    assert call["prompt"] == tok.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
         tokenize=False,
         add_generation_prompt=True,
     )
-    assert backend.engine.calls[0]["params"]["stop"] == ["<|im_end|>"]
+    assert call["params"]["stop"] == ["<|im_end|>"]
+    assert state["answer"] == recorded.engine.generate(call["prompt"], call["params"])["text"]
 
 
 def backend_run(backend, *exprs, **kw):
@@ -151,8 +135,8 @@ def test_choice_tokens_on_a_clean_boundary_score_only_the_choice(tok):
     assert tok.decode(ct.ids[ct.start :]) == choice
 
 
-def test_select_prefills_once_then_scores_all_choices_in_one_call(tok):
-    engine = FakeEngine(tok)
+def test_select_prefills_once_then_scores_all_choices_in_one_call(tok, recorded, runner):
+    engine = recorded
     backend = EngineBackend(engine=engine)
     prefix = "Q: Best pet?\nA: "
     choices = ["cat", "dog", "hamster"]
@@ -166,13 +150,14 @@ def test_select_prefills_once_then_scores_all_choices_in_one_call(tok):
     for c in choices:
         ct = choice_tokens(tok, prefix, c)
         assert scoring["start"] <= ct.start
-        expected.append(sum(map(FakeEngine.logprob, ct.ids[ct.start :])) / (len(ct.ids) - ct.start))
-    assert decision.meta_info["scores"] == pytest.approx(expected)
+        values = [fake_logprob(runner, ct.ids, t) for t in range(ct.start, len(ct.ids))]
+        expected.append(sum(values) / len(values))
+    assert decision.meta_info["scores"] == pytest.approx(expected, abs=1e-5)
     assert decision.decision == choices[max(range(3), key=expected.__getitem__)]
 
 
-def test_unconditional_select_makes_one_more_call_without_the_prefix(tok):
-    engine = FakeEngine(tok)
+def test_unconditional_select_makes_one_more_call_without_the_prefix(recorded):
+    engine = recorded
     backend = EngineBackend(engine=engine)
     d = backend.select(
         sgl.frontend.backends.Prompt(text="Pick: "),
@@ -183,15 +168,19 @@ def test_unconditional_select_makes_one_more_call_without_the_prefix(tok):
     assert d.decision in ("red", "blue") and "unconditional_token_logprobs" in d.meta_info
 
 
-def test_engine_abort_and_streaming(tok):
-    backend = EngineBackend(engine=FakeEngine(tok, abort=True))
-    state = backend_run(backend, "x", sgl.gen("a"))
-    with pytest.raises(sgl.ProgramError, match="out of memory"):
-        state["a"]
+def test_engine_abort_and_streaming(tok, real_engine):
+    # a forward pass of 0.1 s against a 0.2 s request timeout: the engine aborts the request
+    slow = SlowRunner(0.1, num_slots=512, vocab_size=len(tok))
+    with Engine(EngineConfig(device="cpu", request_timeout=0.2), runner=slow, tokenizer=tok) as eng:
+        state = backend_run(EngineBackend(engine=eng), "x", sgl.gen("a", max_tokens=50))
+        with pytest.raises(sgl.ProgramError, match="timed out"):
+            state["a"]
 
     @sgl.function
     def prog(s):
-        s += "Say:" + sgl.gen("a")
+        s += "Say:" + sgl.gen("a", max_tokens=6, temperature=0)
 
-    state = prog.run(backend=EngineBackend(engine=FakeEngine(tok, reply="hello")), stream=True)
-    assert list(state.text_iter("a")) == ["h", "e", "l", "l", "o"]
+    state = prog.run(backend=EngineBackend(engine=real_engine), stream=True)
+    pieces = list(state.text_iter("a"))
+    full = real_engine.generate("Say:", {"max_new_tokens": 6, "temperature": 0})["text"]
+    assert len(pieces) > 1 and "".join(pieces) == full == state["a"]

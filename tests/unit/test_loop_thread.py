@@ -13,7 +13,7 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.engine.loop_thread import LoopThread
 from sgl_lite.backend.errors import EngineError
-from tests.unit.fakes import ByteTokenizer, FakeRunner, SlowRunner
+from tests.support.fakes import ByteTokenizer, FakeRunner, SlowRunner
 
 GREEDY = {"temperature": 0, "max_new_tokens": 4}
 

@@ -310,8 +310,8 @@ class RadixCacheMachine(RuleBasedStateMachine):
         assert self.pool.num_free == self.pool.num_slots
 
 
+# The example count is the hypothesis profile's (tests/conftest.py: dev small, ci larger).
 RadixCacheMachine.TestCase.settings = settings(
-    max_examples=200,
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -8,7 +8,7 @@ import pytest
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine.intake import RequestBuilder, generate_args
 from sgl_lite.backend.errors import InvalidRequest
-from tests.unit.fakes import VOCAB, ByteTokenizer
+from tests.support.fakes import VOCAB, ByteTokenizer
 
 
 @pytest.fixture

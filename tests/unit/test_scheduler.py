@@ -10,7 +10,7 @@ import torch
 
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.errors import InvalidRequest
-from tests.unit.fakes import ByteTokenizer, FakeRunner
+from tests.support.fakes import ByteTokenizer, FakeRunner
 
 GREEDY = {"temperature": 0, "max_new_tokens": 6}
 
@@ -171,7 +171,7 @@ def test_stop_regex_is_trimmed_and_reported_unless_no_stop_trim(engine):
 
     m = re.search(pattern, full["text"])
     assert out["text"] == full["text"][: m.start()]
-    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": m.group()}
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
     kept = engine.generate(input_ids=prompt, sampling_params={**params, "no_stop_trim": True})
     assert kept["text"] == full["text"][: m.end()]
 

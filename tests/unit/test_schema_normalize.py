@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sgl_lite.backend.constrained.schema_normalize import (
+from sgl_lite.backend.constrained.schema.schema_normalize import (
     REGEX,
     URI_REFERENCE,
     keyword_path,
@@ -170,7 +170,7 @@ def test_each_rewrite_applies_and_keeps_the_hand_picked_verdicts(name: str) -> N
 
 
 @pytest.mark.parametrize("name", list(REWRITTEN))
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(instance=INSTANCES)
 def test_each_rewrite_is_exact_on_generated_instances(name: str, instance: Any) -> None:
     schema, _ = REWRITTEN[name]
@@ -211,7 +211,7 @@ def test_an_existing_any_of_is_kept_beside_the_new_one() -> None:
 _PATH_REFERENCE = re.compile(r"/?[A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*/?")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(text=st.from_regex(f"^{URI_REFERENCE}$"))
 def test_uri_reference_is_a_subset_of_rfc3986_path_references(text: str) -> None:
     # RFC 3986 relative-ref: no scheme (no ':' before the first '/'), no authority ('//')
@@ -219,7 +219,7 @@ def test_uri_reference_is_a_subset_of_rfc3986_path_references(text: str) -> None
     assert ":" not in text and "%" not in text  # no lone percent escapes either
 
 
-@settings(max_examples=100, deadline=None)
+@settings(deadline=None)
 @given(text=st.from_regex(f"^{REGEX}$"))
 def test_regex_format_text_compiles_and_matches_itself(text: str) -> None:
     assert re.fullmatch(re.compile(text), text)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import memory
 from sgl_lite.backend.kvcache import sizing
 from sgl_lite.backend.runner.tokenizer_overrides import resolve_chat_template
@@ -131,8 +134,10 @@ def test_resolve_mem_fraction_sizes_and_caps_the_pool(smollm_folder) -> None:
     from sgl_lite.backend.engine.memory import resolve_mem_fraction
 
     assert resolve_mem_fraction({"num_threads": 1}) == {"num_threads": 1}
-    per_token = memory.kv_bytes_per_token(smollm_folder, "float32")
-    weights = sizing.weight_bytes(smollm_folder, "float32")
+    # Sizes in the dtype the engine will load (`auto`: bfloat16 on a CPU with a bf16 GEMM).
+    dtype = memory.dense_dtype_name(EngineConfig(device="cpu"))
+    per_token = memory.kv_bytes_per_token(smollm_folder, dtype)
+    weights = sizing.weight_bytes(smollm_folder, dtype)
     fraction = (weights + 50_000 * per_token) / sizing.available_cpu_memory()
     sized = resolve_mem_fraction({"mem_fraction_static": fraction, "device": "cpu"})
     assert "mem_fraction_static" not in sized and abs(sized["max_total_tokens"] - 50_000) < 20_000
@@ -140,3 +145,56 @@ def test_resolve_mem_fraction_sizes_and_caps_the_pool(smollm_folder) -> None:
         {"mem_fraction_static": fraction, "device": "cpu", "max_total_tokens": 1000}
     )
     assert capped["max_total_tokens"] == 1000
+
+
+def test_pool_cap_is_the_smallest_named_cap_and_running_requests_times_context() -> None:
+    assert sizing.capped_pool(1000, []) == sizing.PoolSize(1000, 1000, None)
+    assert sizing.capped_pool(1000, [("a", 2000), ("b", None)]) == (1000, 1000, None)
+    assert sizing.capped_pool(1000, [("a", 600), ("b", 800)]) == (600, 1000, "a")
+    assert sizing.capped_pool(1000, [("a", 800), ("b", 600)]) == (600, 1000, "b")
+    assert sizing.usable_tokens(64, 8192) == 64 * 8192
+    assert sizing.usable_tokens(1, 8) == sizing.MIN_POOL_TOKENS  # EngineConfig's lower bound
+
+
+def _sized_with_64_gib_free(monkeypatch, smollm_folder, **kwargs) -> int:
+    """The pool resolve_mem_fraction gives SmolLM2 in float32 at 0.5 of 64 GiB free memory."""
+    monkeypatch.setattr(memory, "available_memory", lambda device: 64 * 2**30)
+    base = {"model_path": str(smollm_folder), "mem_fraction_static": 0.5, "dtype": "float32"}
+    return memory.resolve_mem_fraction({**base, **kwargs})["max_total_tokens"]
+
+
+def test_cpu_pool_is_capped_at_running_requests_times_context(
+    monkeypatch, smollm_folder, caplog
+) -> None:
+    with caplog.at_level(logging.INFO, logger="sgl_lite"):
+        small = _sized_with_64_gib_free(
+            monkeypatch, smollm_folder, device="cpu", max_running_requests=4, context_length=1024
+        )
+    assert small == 4 * 1024
+    assert "KV pool of 4096 tokens (capped by max_running_requests 4 x context 1024 from" in (
+        caplog.text
+    )
+    assert "committed as it is used; 0.5 of 64.00 GiB free RAM" in caplog.text
+    # The defaults: 64 running requests, SmolLM2's own 8192 positions (a longer context_length
+    # is cut to what the model takes).
+    assert _sized_with_64_gib_free(monkeypatch, smollm_folder, device="cpu") == 64 * 8192
+    longer = _sized_with_64_gib_free(monkeypatch, smollm_folder, device="cpu", context_length=10**5)
+    assert longer == 64 * 8192
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sgl_lite"):
+        given = _sized_with_64_gib_free(
+            monkeypatch, smollm_folder, device="cpu", max_total_tokens=1000
+        )
+    assert (
+        given == 1000 and "KV pool of 1000 tokens (capped by max_total_tokens from" in caplog.text
+    )
+
+
+def test_cuda_pool_is_the_fraction_of_free_memory_without_a_context_cap(
+    monkeypatch, smollm_folder
+) -> None:
+    per_token = memory.kv_bytes_per_token(smollm_folder, "float32")
+    weights = sizing.weight_bytes(smollm_folder, "float32")
+    fits = sizing.pool_tokens(0.5, 64 * 2**30, weights, per_token)
+    assert fits > 64 * 8192  # so a context cap, had CUDA one, would show
+    assert _sized_with_64_gib_free(monkeypatch, smollm_folder, device="cuda:0") == fits

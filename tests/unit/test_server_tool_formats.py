@@ -19,7 +19,7 @@ from sgl_lite.server.openai.tool_formats import (
 )
 from sgl_lite.server.openai.tool_parser import ToolDeltas, message, scan
 from sgl_lite.server.openai.tools import chat_prompt, plan_tools
-from tests.unit.test_server_tool_parser import ADD, NOTE
+from tests.support.tools import ADD, NOTE
 
 A12 = {"name": "add", "arguments": {"a": 1, "b": 2}}
 N = {"name": "note-it", "arguments": {"t": "x]}"}}
@@ -104,7 +104,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call(name):
 
 
 @pytest.mark.parametrize("name", sorted(TWO_CALLS))
-@settings(deadline=None, max_examples=60)  # NOTE: a shared, loaded CPU; no per-example timing
+@settings(deadline=None)  # NOTE: a shared, loaded CPU; no per-example timing
 @given(cuts=st.lists(st.integers(min_value=0, max_value=160), max_size=12))
 def test_streamed_deltas_concatenate_to_the_final_message(name, cuts):
     text = TWO_CALLS[name][0] + (" Done." if name == "hermes" else "")

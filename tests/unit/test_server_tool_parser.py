@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sgl_lite.backend.constrained.llguidance_backend import is_any_object
+from sgl_lite.backend.constrained import is_any_object
 from sgl_lite.server.openai.tool_parser import ToolDeltas, message, scan
 from sgl_lite.server.openai.tools import (
     DEFAULT_TOOL_PROMPT,
@@ -20,19 +20,7 @@ from sgl_lite.server.openai.tools import (
     plan_tools,
 )
 from sgl_lite.server.protocol import ApiError
-
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
-NOTE = {"type": "function", "function": {"name": "note-it", "parameters": {"type": "object"}}}
+from tests.support.tools import ADD, NOTE
 
 
 class _Compiler:

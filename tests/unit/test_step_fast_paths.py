@@ -11,11 +11,11 @@ from sgl_lite.backend.sampling_params import SamplingParams
 from sgl_lite.backend.scheduler.detokenizer import IncrementalDetokenizer, backend_decoder
 from sgl_lite.backend.scheduler.sampler import ARGMAX_CHUNK, Sampler, greedy_argmax
 from sgl_lite.backend.types import ForwardOutput, Req, ScheduleBatch, Segment
-from tests.conftest import build_tiny_tokenizer
-from tests.unit.fakes import ByteTokenizer
+from tests.support.fakes import ByteTokenizer
+from tests.support.tiny import build_tiny_tokenizer
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(
     rows=st.integers(1, 17),
     vocab=st.sampled_from([2 * ARGMAX_CHUNK, 1000, 8191, 49152, 70001]),

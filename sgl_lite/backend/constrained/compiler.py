@@ -6,8 +6,9 @@ EBNF/Lark and for schemas the automaton refuses; xgrammar when asked for) and th
 compiles; a JSON Schema is first rewritten into keywords the automaton and llguidance enforce
 (schema_normalize: exact rewrites, formats as subset patterns; xgrammar reads the schema as
 submitted). `submit` builds it on a worker thread and shares one future per (backend, source)
-among all requests; the result's `new_guide(...)` is the per-request cursor (guide.Guide,
-llguidance_backend.LLGuide or xgrammar_backend.XGGuide).
+among all requests; the result is a `Grammar` (protocols.py: the automaton's CompiledGrammar,
+llguidance's LLGrammar or xgrammar's XGGrammar) whose `new_guide(...)` is the per-request
+`Guide`.
 """
 
 from __future__ import annotations
@@ -24,16 +25,30 @@ from typing import Any, Literal
 import jsonschema
 from outlines_core import Index
 
+from sgl_lite.backend.constrained.automaton.grammar import (
+    DEFAULT_MASK_CACHE_STATES,
+    CompiledGrammar,
+)
 from sgl_lite.backend.constrained.compile_stats import CompileStats
-from sgl_lite.backend.constrained.grammar import DEFAULT_MASK_CACHE_STATES, CompiledGrammar
+from sgl_lite.backend.constrained.matchers.llguidance_backend import (
+    LLGrammar,
+    check_llguidance,
+    to_llguidance,
+)
+from sgl_lite.backend.constrained.matchers.xgrammar_backend import XGGrammar, to_xgrammar
+from sgl_lite.backend.constrained.protocols import Grammar
 from sgl_lite.backend.constrained.regex_check import (
     GrammarError,
     UnsupportedSchema,
     check_regex,
     digits_to_ascii,
 )
-from sgl_lite.backend.constrained.schema_normalize import keyword_path, normalize
-from sgl_lite.backend.constrained.schema_regex import schema_to_regex
+from sgl_lite.backend.constrained.schema.schema_normalize import (
+    is_any_object,
+    keyword_path,
+    normalize,
+)
+from sgl_lite.backend.constrained.schema.schema_regex import schema_to_regex
 from sgl_lite.backend.constrained.vocab import byte_vocabulary, vocabulary_for
 from sgl_lite.backend.omp_threads import use_one_omp_thread
 
@@ -83,7 +98,7 @@ class GrammarCompiler:
         self.timeout_s = timeout_s
         self.cache_size = cache_size
         self.mask_cache_states = mask_cache_states
-        self._cache: OrderedDict[tuple[str, str], Future[Any]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], Future[Grammar]] = OrderedDict()
         self._validated: OrderedDict[tuple[str, str], tuple[str, str] | GrammarError]
         self._validated = OrderedDict()
         self._lock = threading.Lock()
@@ -155,8 +170,6 @@ class GrammarCompiler:
 
     def _llguidance_source(self, kind: str, pattern: Any) -> str:
         """llguidance's grammar for a prepared pattern (see _prepared); GrammarError if refused."""
-        from sgl_lite.backend.constrained.llguidance_backend import check_llguidance, to_llguidance
-
         if kind == "regex" and not isinstance(pattern, str):
             raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
         source = to_llguidance(kind, pattern, whitespace=self.whitespace_pattern)
@@ -167,8 +180,6 @@ class GrammarCompiler:
         return source
 
     def _xgrammar_source(self, kind: str, pattern: str | dict) -> str:
-        from sgl_lite.backend.constrained.xgrammar_backend import to_xgrammar
-
         if kind == "json_schema":
             pattern = _load_schema(pattern)
         elif kind == "regex" and not isinstance(pattern, str):
@@ -189,7 +200,7 @@ class GrammarCompiler:
 
     # -- compilation: off the caller's thread, cached ------------------------------------
 
-    def submit(self, kind: str, pattern: str | dict) -> Future[Any]:
+    def submit(self, kind: str, pattern: str | dict) -> Future[Grammar]:
         """A future of the compiled grammar; never blocks on a build and never raises.
 
         Invalid patterns give an already-failed future (call `validate` to fail fast at
@@ -201,7 +212,7 @@ class GrammarCompiler:
         try:
             key = self.plan(kind, pattern)
         except GrammarError as exc:
-            failed: Future[Any] = Future()
+            failed: Future[Grammar] = Future()
             failed.set_exception(exc)
             return failed
         with self._lock:
@@ -209,7 +220,7 @@ class GrammarCompiler:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-            future: Future[Any] = Future()
+            future: Future[Grammar] = Future()
             future.set_running_or_notify_cancel()  # NOTE: shared, so no caller can cancel it
             self._put(key, future)
         timer = threading.Timer(self.timeout_s, self._expire, args=(kind, future))
@@ -221,18 +232,19 @@ class GrammarCompiler:
         worker.start()
         return future
 
-    def compile(self, kind: str, pattern: str | dict) -> Any:
+    def compile(self, kind: str, pattern: str | dict) -> Grammar:
         """Blocking `submit(...).result()`: same cache, same timeout; raises GrammarError.
 
         The result is a CompiledGrammar (automaton), an LLGrammar (llguidance) or an XGGrammar
         (xgrammar)."""
         return self.submit(kind, pattern).result()
 
-    def _build(self, key: tuple[str, str], future: Future[Any], timer: threading.Timer) -> None:
+    def _build(self, key: tuple[str, str], future: Future[Grammar], timer: threading.Timer) -> None:
         use_one_omp_thread()  # no second OpenMP team beside the forward's (see omp_threads)
         started = time.perf_counter()
+        outcome: Grammar | GrammarError
         try:
-            outcome: Any = self._build_grammar(*key)
+            outcome = self._build_grammar(*key)
         except GrammarError as exc:
             outcome = exc
         except Exception as exc:
@@ -253,14 +265,10 @@ class GrammarCompiler:
             else:
                 target.set_result(outcome)
 
-    def _build_grammar(self, backend: str, regex: str) -> Any:
+    def _build_grammar(self, backend: str, regex: str) -> Grammar:
         if backend == "llguidance":
-            from sgl_lite.backend.constrained.llguidance_backend import LLGrammar
-
             return LLGrammar(regex, self.tokenizer, self.vocab.size, self.vocab.eos_token_id)
         if backend == "xgrammar":
-            from sgl_lite.backend.constrained.xgrammar_backend import XGGrammar
-
             return XGGrammar(regex, self.tokenizer, self.vocab)
         index = Index(regex, self.vocab.index_vocab)
         byte_index = Index(regex, byte_vocabulary())
@@ -273,7 +281,7 @@ class GrammarCompiler:
             raise GrammarError("the pattern matches no text this tokenizer can produce")
         return grammar
 
-    def _expire(self, kind: str, future: Future[Any]) -> None:
+    def _expire(self, kind: str, future: Future[Grammar]) -> None:
         with self._lock:
             if not future.done():
                 future.set_exception(
@@ -283,7 +291,7 @@ class GrammarCompiler:
                     )
                 )
 
-    def _put(self, key: tuple[str, str], future: Future[Any]) -> None:
+    def _put(self, key: tuple[str, str], future: Future[Grammar]) -> None:
         self._cache[key] = future
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
@@ -292,8 +300,6 @@ class GrammarCompiler:
 def _any_object(kind: str, pattern: str | dict) -> bool:
     """A json_schema for any JSON object: llguidance whatever the backend (it is exact, the
     automaton only bounded)."""
-    from sgl_lite.backend.constrained.llguidance_backend import is_any_object
-
     return kind == "json_schema" and is_any_object(pattern)
 
 

@@ -1,53 +1,23 @@
-"""Jump-forward: when the grammar forces the next bytes, append their tokens without sampling.
+"""Jump-forward: when the grammar forces the next text, append its tokens without sampling.
 
-`forced_bytes` walks the grammar's single-byte index while exactly one byte is allowed;
-`plan_jump_forward` retokenizes the tail of the output plus the forced bytes (on bytes, so
-partial UTF-8 characters are never split into replacement characters) and says which output
-tokens to keep and which to append; `apply_jump_forward` moves the guide accordingly. This
-module touches no tensors and no KV memory: the engine drops the KV of replaced tokens.
+Each Guide plans its own jump (`Guide.plan_jump_forward`): the automaton walks its single-byte
+index for the forced bytes and `retokenize`s the tail of the output plus those bytes here (on
+bytes, so partial UTF-8 characters are never split into replacement characters); llguidance
+and xgrammar append their own forced tokens. `plan_jump_forward` and `apply_jump_forward` are
+what the output processor calls, with the checks every guide shares. This module touches no
+tensors and no KV memory: the engine drops the KV of replaced tokens.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
-from sgl_lite.backend.constrained.compiler import CompiledGrammar
-from sgl_lite.backend.constrained.guide import Guide
-from sgl_lite.backend.constrained.vocab import BYTE_EOS_ID
+from sgl_lite.backend.constrained.protocols import Guide, JumpForward
 
-MAX_FORCED_BYTES = 4096
 # NOTE: only the last RETOKENIZE_WINDOW output tokens are retokenized, so a step costs O(1)
 # in the output length; tokens before the window are always kept.
 RETOKENIZE_WINDOW = 32
-
-
-class JumpForward(NamedTuple):
-    """Replace output_ids[keep:] by new_ids; `forced_text` is what the grammar forced."""
-
-    keep: int
-    new_ids: list[int]
-    forced_text: str
-
-
-def forced_bytes(grammar: CompiledGrammar, state: int) -> bytes:
-    """The only continuation from `state`, up to a branch or an accepting state (memoized)."""
-    hit = grammar.forced.get(state)
-    if hit is not None:
-        return hit
-    out = bytearray()
-    index = grammar.byte_index
-    s = state
-    while len(out) < MAX_FORCED_BYTES and not index.is_final_state(s):
-        allowed = index.get_allowed_tokens(s)
-        if not allowed or len(allowed) != 1 or allowed[0] == BYTE_EOS_ID:
-            break
-        nxt = index.get_next_state(s, allowed[0])
-        if nxt is None:
-            break
-        out.append(allowed[0])
-        s = nxt
-    grammar.forced[state] = bytes(out)
-    return grammar.forced[state]
 
 
 def plan_jump_forward(tokenizer: Any, guide: Guide, output_ids: list[int]) -> JumpForward | None:
@@ -61,49 +31,7 @@ def plan_jump_forward(tokenizer: Any, guide: Guide, output_ids: list[int]) -> Ju
         raise ValueError(
             f"guide has advanced {guide.num_advanced} tokens but output_ids has {len(output_ids)}"
         )
-    if not isinstance(guide, Guide):  # a grammar backend: its own forced tokens, appended
-        ids = guide.forced_tokens()
-        if not ids:
-            return None
-        text = tokenizer.decode(ids)
-        return JumpForward(keep=len(output_ids), new_ids=ids, forced_text=text)
-    grammar = guide.grammar
-    forced = forced_bytes(grammar, guide.state)
-    if not forced:
-        return None
-    vocab = grammar.vocab
-    start = max(0, len(output_ids) - RETOKENIZE_WINDOW)
-    tail = vocab.decode_bytes(output_ids[start:])
-    while tail is not None and start > 0 and tail[:1] and tail[0] & 0xC0 == 0x80:
-        start -= 1  # begin the window on a character boundary
-        tail = vocab.decode_bytes(output_ids[start:])
-    if tail is None:
-        return None
-    cut = _unfinished_char_len(tail + forced)
-    if cut >= len(forced):
-        return None
-    forced = forced[: len(forced) - cut]
-    full = tail + forced
-    try:
-        text = full.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    new = tokenizer.encode(text, add_special_tokens=False)
-    if vocab.decode_bytes(new) != full:  # also rejects special tokens
-        return None
-    old = output_ids[start:]
-    k = 0
-    while k < len(old) and k < len(new) and old[k] == new[k]:
-        k += 1
-    if k == len(new):
-        return None
-    # NOTE: checked here, before the engine drops any KV: a retokenized jump the grammar
-    # refuses, or one that would leave no valid ending within the budget, is not taken.
-    if not guide.fits_after(start + k, new[k:]):
-        return None
-    return JumpForward(
-        keep=start + k, new_ids=new[k:], forced_text=forced.decode("utf-8", errors="replace")
-    )
+    return guide.plan_jump_forward(tokenizer, output_ids)
 
 
 def apply_jump_forward(guide: Guide, jf: JumpForward) -> bool:
@@ -116,16 +44,47 @@ def apply_jump_forward(guide: Guide, jf: JumpForward) -> bool:
         raise ValueError(
             f"jump-forward keeps {jf.keep} tokens but the guide has {guide.num_advanced}"
         )
-    if not isinstance(guide, Guide):
-        for token_id in jf.new_ids:
-            guide.advance(token_id)
-        return True
-    if not guide.fits_after(jf.keep, jf.new_ids):
-        return False
-    guide.rollback(guide.num_advanced - jf.keep)
-    for token_id in jf.new_ids:
-        guide.advance(token_id)
-    return True
+    return guide.apply_jump_forward(jf)
+
+
+def retokenize(
+    tokenizer: Any,
+    decode_bytes: Callable[[list[int]], bytes | None],
+    output_ids: list[int],
+    forced: bytes,
+) -> JumpForward | None:
+    """`output_ids` followed by the `forced` bytes, with the tail retokenized: which tokens to
+    keep and which to append. None when the text does not round-trip through the tokenizer
+    (`decode_bytes` gives a token's bytes, None for special ones) or nothing changes. The
+    caller still checks that the new tokens fit its grammar and budget."""
+    start = max(0, len(output_ids) - RETOKENIZE_WINDOW)
+    tail = decode_bytes(output_ids[start:])
+    while tail is not None and start > 0 and tail[:1] and tail[0] & 0xC0 == 0x80:
+        start -= 1  # begin the window on a character boundary
+        tail = decode_bytes(output_ids[start:])
+    if tail is None:
+        return None
+    cut = _unfinished_char_len(tail + forced)
+    if cut >= len(forced):
+        return None
+    forced = forced[: len(forced) - cut]
+    full = tail + forced
+    try:
+        text = full.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    new = tokenizer.encode(text, add_special_tokens=False)
+    if decode_bytes(new) != full:  # also rejects special tokens
+        return None
+    old = output_ids[start:]
+    k = 0
+    while k < len(old) and k < len(new) and old[k] == new[k]:
+        k += 1
+    if k == len(new):
+        return None
+    return JumpForward(
+        keep=start + k, new_ids=new[k:], forced_text=forced.decode("utf-8", errors="replace")
+    )
 
 
 def _unfinished_char_len(b: bytes) -> int:

@@ -1,4 +1,5 @@
-"""Regex checks shared by the compilers: what a finite automaton can match, ASCII digits.
+"""Regex checks shared by the compilers (what a finite automaton can match, ASCII digits) and
+the errors constrained decoding raises.
 
 Pure functions over pattern text; nothing here knows about tokenizers or requests.
 """
@@ -14,6 +15,10 @@ class GrammarError(ValueError):
 
 class UnsupportedSchema(GrammarError):
     """A valid JSON Schema the automaton backend cannot enforce exactly (a grammar backend may)."""
+
+
+class BudgetError(GrammarError):
+    """`max_new_tokens` is below the shortest output the constraint accepts."""
 
 
 def check_regex(pattern: str, *, what: str) -> None:

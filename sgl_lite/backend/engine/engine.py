@@ -87,7 +87,7 @@ class Engine:
         self._post("setup", (runner, tokenizer, ready))
         ready.result()
         logger.info(
-            "sgl_lite engine: model=%s device=%s dtype=%s threads=%d kv_pool=%d tokens (%.1f MB) "
+            "sgl_lite engine: model=%s device=%s dtype=%s threads=%d kv_pool=%d tokens (%.1f MB%s) "
             "max_running_requests=%d",
             self.model_folder,
             config.device,
@@ -95,6 +95,7 @@ class Engine:
             torch.get_num_threads(),
             self.runner.pool.num_slots,
             self.runner.pool.nbytes / 2**20,
+            ", committed as used" if self.runner.pool.committed_on_use else "",
             config.max_running_requests,
         )
 

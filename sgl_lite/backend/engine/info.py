@@ -19,6 +19,11 @@ def engine_info(engine: Any) -> dict[str, Any]:
         "model_path": str(engine.model_folder),
         "context_length": engine.context_length,
         "num_threads": torch.get_num_threads(),
+        # The KV pool's capacity in tokens under SGLang's key. NOTE: `max_total_tokens` is
+        # sgl_lite's earlier key for it, kept as an alias for one release (the same number: the
+        # pool's, which a runner built outside the config may size differently from the config).
+        "max_total_num_tokens": pool.num_slots,
+        "max_total_tokens": pool.num_slots,
         "kv_pool_bytes": pool.nbytes,
         "pool_free_tokens": pool.num_free,
         "pool_used_tokens": pool.num_slots - pool.num_free,

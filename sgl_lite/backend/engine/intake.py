@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.constrained import Grammar, GrammarCompiler
 from sgl_lite.backend.errors import InvalidRequest
 from sgl_lite.backend.sampling_params import SamplingParams
 from sgl_lite.backend.scheduler.logprobs import LogprobState
@@ -45,14 +46,12 @@ class RequestBuilder:
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.pool_size = pool_size
-        self._compiler: Any = None
+        self._compiler: GrammarCompiler | None = None
 
     @property
-    def compiler(self) -> Any:
+    def compiler(self) -> GrammarCompiler:
         """The grammar compiler, built on first use (it indexes the whole vocabulary)."""
         if self._compiler is None:
-            from sgl_lite.backend.constrained import GrammarCompiler
-
             self._compiler = GrammarCompiler(
                 self.tokenizer,
                 whitespace_pattern=self.config.constrained_json_whitespace_pattern,
@@ -114,7 +113,7 @@ class RequestBuilder:
         groups = []
         for ids, raw_params, req_rid in zip(token_lists, params_list, rids):
             params = SamplingParams.from_dict(raw_params)
-            self._check_fits(ids, params)
+            self._check_fits(ids, params, "prompt" if prompt is not None else "input_ids")
             if logprob_start_len > len(ids):
                 raise InvalidRequest(
                     "logprob_start_len",
@@ -181,14 +180,21 @@ class RequestBuilder:
                 )
         return lists, batched
 
-    def _check_fits(self, ids: list[int], params: SamplingParams) -> None:
+    def _check_fits(self, ids: list[int], params: SamplingParams, prompt_field: str) -> None:
+        # NOTE: each message opens with SGLang's own wording (clients match on it), then ours
         total = len(ids) + params.max_new_tokens
+        if len(ids) > self.context_length:
+            raise InvalidRequest(
+                prompt_field,
+                f"The input ({len(ids)} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens); shorten the prompt",
+            )
         if total > self.context_length:
             raise InvalidRequest(
                 "max_new_tokens",
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
-                f"exceeds the context length {self.context_length}; shorten the prompt or lower "
-                "max_new_tokens",
+                "Requested token count exceeds the model's maximum context length of "
+                f"{self.context_length} tokens: the prompt's {len(ids)} tokens + max_new_tokens "
+                f"{params.max_new_tokens} = {total}; shorten the prompt or lower max_new_tokens",
             )
         if total >= self.pool_size:
             raise InvalidRequest(
@@ -208,7 +214,7 @@ class RequestBuilder:
                 "logit_bias", f"logit_bias names token {bad[0]}, outside [0, {self.vocab_size})"
             )
 
-    def _start_grammar(self, params: SamplingParams) -> Future | None:
+    def _start_grammar(self, params: SamplingParams) -> Future[Grammar] | None:
         if params.constraint is None:
             return None
         kind, pattern = params.constraint

@@ -1,7 +1,9 @@
 """The KV pool's size for one model at start-up: SGLang's `--mem-fraction-static` resolved.
 
-The pure arithmetic (free memory, weight bytes, tokens that fit) is `kvcache.sizing`; this
-module adds what only start-up knows: the model's shapes and the dtype the runner will load.
+The pure arithmetic (free memory, weight bytes, tokens that fit, caps) is `kvcache.sizing`;
+this module adds what only start-up knows: the model's shapes, its context length and the dtype
+the runner will load. On CPU the pool is capped at max_running_requests x context length (see
+`kvcache.sizing`); on CUDA, as in SGLang, only `max_total_tokens` caps it.
 """
 
 from __future__ import annotations
@@ -11,8 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from sgl_lite.backend.config import DTYPES, EngineConfig
-from sgl_lite.backend.kvcache.sizing import available_memory, pool_tokens, weight_bytes
+from sgl_lite.backend.kvcache.sizing import (
+    available_memory,
+    capped_pool,
+    pool_tokens,
+    usable_tokens,
+    weight_bytes,
+)
 from sgl_lite.backend.runner.model_loader import load_config, resolve_model_path
+from sgl_lite.backend.runner.model_runner import context_length_of
 from sgl_lite.backend.runner.models.llama import head_dim_of
 from sgl_lite.backend.runner.weights.cpu import cpu_caps
 from sgl_lite.backend.runner.weights.formats import resolve_dense_dtype
@@ -25,16 +34,6 @@ def kv_bytes_per_token(folder: Path, dtype: str) -> int:
     config = load_config(folder)
     heads = config.num_key_value_heads
     return 2 * config.num_hidden_layers * heads * head_dim_of(config) * DTYPES[dtype].itemsize
-
-
-def pool_tokens_for(folder: Path, fraction: float, dtype: str, device: str) -> int:
-    """`pool_tokens` for the model in `folder` loaded in `dtype` on `device`, measured now."""
-    return pool_tokens(
-        fraction,
-        available_memory(device),
-        weight_bytes(folder, dtype),
-        kv_bytes_per_token(folder, dtype),
-    )
 
 
 def dense_dtype_name(config: EngineConfig) -> str:
@@ -50,7 +49,8 @@ def resolve_mem_fraction(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Engine keyword arguments with `mem_fraction_static` turned into `max_total_tokens`.
 
     The pool size is resolved before the config is built (SGLang's rule: a `max_total_tokens`
-    given too caps it); without `mem_fraction_static` the arguments come back unchanged.
+    given too caps it; on CPU so does max_running_requests x context length); without
+    `mem_fraction_static` the arguments come back unchanged. Logs the size and what set it.
     """
     fraction = kwargs.get("mem_fraction_static")
     if fraction is None:
@@ -58,12 +58,30 @@ def resolve_mem_fraction(kwargs: dict[str, Any]) -> dict[str, Any]:
     rest = {k: v for k, v in kwargs.items() if k not in ("mem_fraction_static", "max_total_tokens")}
     config = EngineConfig.from_kwargs(**rest)  # dtype and device as the engine will use them
     folder = resolve_model_path(config.model_path)
-    tokens = pool_tokens_for(folder, float(fraction), dense_dtype_name(config), config.device)
-    cap = kwargs.get("max_total_tokens")
+    dtype = dense_dtype_name(config)
+    free, weights = available_memory(config.device), weight_bytes(folder, dtype)
+    per_token = kv_bytes_per_token(folder, dtype)
+    fits = pool_tokens(float(fraction), free, weights, per_token)
+    on_cpu = not config.device.startswith("cuda")
+    caps: list[tuple[str, int | None]] = []
+    if on_cpu:  # shared RAM: the pool takes no more than the model can use
+        running = config.max_running_requests
+        context = context_length_of(load_config(folder), config.context_length)
+        usable = usable_tokens(running, context)
+        caps.append((f"max_running_requests {running} x context {context}", usable))
+    caps.append(("max_total_tokens", kwargs.get("max_total_tokens")))
+    size = capped_pool(fits, caps)
     logger.info(
-        "mem_fraction_static=%s: KV pool of %d tokens%s",
+        "mem_fraction_static=%s: KV pool of %d tokens%s, %.1f MB%s; %s of %.2f GiB free %s less "
+        "%.2f GiB of weights",
         fraction,
-        min(tokens, cap) if cap is not None else tokens,
-        f" (capped by max_total_tokens from {tokens})" if cap is not None and cap < tokens else "",
+        size.tokens,
+        f" (capped by {size.capped_by} from {fits})" if size.capped_by else "",
+        size.tokens * per_token / 2**20,
+        " committed as it is used" if on_cpu else "",
+        fraction,
+        free / 2**30,
+        "RAM" if on_cpu else f"on {config.device}",
+        weights / 2**30,
     )
-    return {**rest, "max_total_tokens": min(tokens, cap) if cap is not None else tokens}
+    return {**rest, "max_total_tokens": size.tokens}

@@ -7,10 +7,17 @@ KV rows into them. Who holds a slot (the tree or a running request) is recorded 
 
 Slot ids are int64 CPU tensors everywhere outside this module; `write` moves them to the pool's
 device when it needs to index the tensors.
+
+On CPU the pool's size is a ceiling, not a commitment: `k` and `v` live in anonymous memory the
+kernel fills with zeros page by page on first write, and slots are handed out lowest first, so
+the resident set grows with the slots ever held at once, not with `num_slots`. (`torch.zeros`
+would write every page at start-up: 4.4 GB resident and 15 s for a 200k-token SmolLM2 pool.)
 """
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -50,14 +57,19 @@ class KVPool:
         # padded rows of a CUDA-graph decode write their throw-away K/V there.
         self.scratch_slot = num_slots if scratch_slots > 0 else None
         shape = (num_layers, num_slots + scratch_slots, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, N, Hkv, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, N, Hkv, D)
+        self.k = _zeros(shape, dtype, torch.device(device))  # (L, N, Hkv, D)
+        self.v = _zeros(shape, dtype, torch.device(device))  # (L, N, Hkv, D)
         # Per-layer views, made once: `k[layer]` is a tensor op each time it is evaluated.
         self.k_layers = list(self.k.unbind(0))  # L x (N, Hkv, D)
         self.v_layers = list(self.v.unbind(0))
-        # NOTE: `_free` is a stack (alloc pops from the end); `_is_free[s]` mirrors membership
-        # so that a double free or a stray id is caught in O(n) of the freed ids, without a scan.
-        self._free: list[int] = list(range(num_slots - 1, -1, -1))
+        # NOTE: the free slots are a stack (alloc pops from the end): bottom to top, the slots
+        # never handed out, num_slots - 1 down to `_next`, then `_free`, the ones given back. The
+        # never-used part is kept as the bound `_next` (no list of num_slots ints), and it is
+        # popped lowest first, so fresh slots walk the tensors from the start. `_is_free[s]`
+        # mirrors membership so that a double free or a stray id is caught in O(n) of the freed
+        # ids, without a scan.
+        self._next = 0
+        self._free: list[int] = []
         self._is_free = bytearray(b"\x01") * num_slots
 
     @property
@@ -68,7 +80,12 @@ class KVPool:
     @property
     def num_free(self) -> int:
         """Number of slots currently free."""
-        return len(self._free)
+        return len(self._free) + self.num_slots - self._next
+
+    @property
+    def committed_on_use(self) -> bool:
+        """Whether `k` and `v` take memory only as their pages are first written (CPU)."""
+        return self.k.device.type == "cpu" and _LAZY_ZEROS
 
     @property
     def nbytes(self) -> int:
@@ -82,12 +99,16 @@ class KVPool:
         """
         if n < 0:
             raise ValueError(f"KVPool.alloc: expected n >= 0, got {n}")
-        if n > len(self._free):
+        if n > self.num_free:
             return None
         if n == 0:
             return torch.empty(0, dtype=torch.int64)
-        ids = self._free[-n:]
-        del self._free[-n:]
+        reused = min(n, len(self._free))
+        fresh = n - reused  # from below the given-back slots: _next + fresh - 1 down to _next
+        kept = len(self._free) - reused
+        ids = list(range(self._next + fresh - 1, self._next - 1, -1)) + self._free[kept:]
+        del self._free[kept:]
+        self._next += fresh
         for s in ids:
             self._is_free[s] = 0
         return torch.tensor(ids, dtype=torch.int64)
@@ -135,7 +156,27 @@ class KVPool:
 
     def free_slot_ids(self) -> torch.Tensor:
         """A copy of the free list as an int64 CPU tensor (for integrity checks)."""
-        return torch.tensor(self._free, dtype=torch.int64)
+        never_used = torch.arange(self.num_slots - 1, self._next - 1, -1, dtype=torch.int64)
+        return torch.cat([never_used, torch.tensor(self._free, dtype=torch.int64)])
+
+
+# Private anonymous mappings (Linux, macOS) are zero-filled by the kernel on first touch.
+_LAZY_ZEROS = hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor of `shape`; on CPU one whose pages the kernel backs on first write.
+
+    Reads of a page never written see the kernel's shared zero page, so unwritten slots read as
+    zeros (the padded keys attention gathers and masks must not be NaN) at no memory cost.
+    """
+    if device.type != "cpu" or not _LAZY_ZEROS:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    count = math.prod(shape)  # > 0: KVPool checks every dimension
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    buf = mmap.mmap(-1, count * dtype.itemsize, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    # The tensor holds the mapping: it is unmapped when the last view of it goes.
+    return torch.frombuffer(buf, dtype=dtype, count=count).view(shape)
 
 
 def check_slot_accounting(pool: KVPool, cache: RadixCache, in_use: Sequence[torch.Tensor]) -> None:

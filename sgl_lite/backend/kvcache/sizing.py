@@ -11,6 +11,11 @@ load:
 Free memory is `torch.cuda.mem_get_info` on CUDA and, on CPU, the kernel's `MemAvailable`
 (/proc/meminfo; `os.sysconf` where there is no /proc), lowered to what a cgroup limit leaves.
 Nothing is allocated here: the functions only read sizes (weights from safetensors headers).
+
+On a GPU the fraction is of memory the server owns. On a CPU box the RAM is shared, so there
+the fraction is a ceiling: the pool's pages are committed as slots are first used (kv_pool),
+and the pool is also capped at what the model can use, max_running_requests x context length
+tokens (`capped_pool`). SGLang does not cap by context on CUDA, and neither do we.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import json
 import math
 import os
 import struct
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -97,3 +104,25 @@ def pool_tokens(fraction: float, available: int, weights: int, per_token: int) -
             "free memory"
         )
     return tokens
+
+
+class PoolSize(NamedTuple):
+    """A KV pool's size in tokens, what the fraction had room for, and what capped it."""
+
+    tokens: int
+    fits: int  # tokens the memory fraction leaves room for
+    capped_by: str | None  # the name of the cap that set `tokens`; None: the fraction did
+
+
+def usable_tokens(max_running_requests: int, context_length: int) -> int:
+    """The most KV tokens the model can hold at once: every running request at full context."""
+    return max(max_running_requests * context_length, MIN_POOL_TOKENS)
+
+
+def capped_pool(fits: int, caps: Sequence[tuple[str, int | None]]) -> PoolSize:
+    """`fits` tokens lowered to the smallest of the named `caps` (None: that cap is not set)."""
+    size = PoolSize(fits, fits, None)
+    for name, cap in caps:
+        if cap is not None and cap < size.tokens:
+            size = PoolSize(cap, fits, name)
+    return size

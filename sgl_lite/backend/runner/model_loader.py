@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
@@ -166,7 +167,8 @@ def _convert_into(gguf_path: Path, header: GGUFHeader, folder: Path) -> None:
     # The weights are dequantized float32 now; drop the GGUF marker so they save as plain.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.hf_quantizer = None
+    # transformers sets this attribute undeclared; nn.Module's typed __setattr__ refuses None.
+    cast(Any, model).hf_quantizer = None
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.kvcache.kv_pool import KVPool
@@ -57,15 +58,7 @@ class ModelRunner:
         started = time.perf_counter()
         self.device = _checked_device(config.device)
         self.hf_config = load_config(model_folder)
-        model_max = getattr(self.hf_config, "max_position_embeddings", 2048)
-        model_class = family_of(self.hf_config).model
-        # Llama attends over the whole sequence; a sliding-window model (Mistral) is exact only
-        # up to its window, so the window bounds the context. Gemma masks windows per layer.
-        window = getattr(self.hf_config, "sliding_window", None)
-        in_mask = getattr(model_class, "sliding_window_in_mask", False)
-        if getattr(self.hf_config, "use_sliding_window", True) and window and not in_mask:
-            model_max = min(model_max, window)
-        self.context_length = min(config.context_length or model_max, model_max)
+        self.context_length = context_length_of(self.hf_config, config.context_length)
         with torch.device("meta"):  # no random init: every weight is loaded below
             model = build_model(self.hf_config, self.context_length)  # RoPE tables on the CPU
         state = load_state_dict(model_folder)
@@ -165,8 +158,9 @@ class ModelRunner:
         try:
             hidden = self.model(input_ids, meta, self.pool)  # (T, hidden)
         except BaseException:
-            if getattr(self, "decode_kv", None) is not None:
-                self.decode_kv.reset()  # its copies may be half-updated
+            decode_kv = getattr(self, "decode_kv", None)
+            if decode_kv is not None:
+                decode_kv.reset()  # its copies may be half-updated
             raise
         rows: list[int] = []
         ranges: list[tuple[int, int]] = []
@@ -252,7 +246,7 @@ class ModelRunner:
             m = m[:, None, None].expand(batch, 1, per_kv, max_q, max_k)
             return m.reshape(batch, 1, per_kv * max_q, max_k).to(self.device)
 
-        mask = None if bool(mask.all()) else per_head_rows(mask)
+        full_mask = None if bool(mask.all()) else per_head_rows(mask)
         window_mask = None if near is None else per_head_rows(near)
         dev = self.device
         # The real queries' positions, from the lengths in Python: boolean indexing and
@@ -265,11 +259,25 @@ class ModelRunner:
             rows=torch.tensor(rows, dtype=torch.long, device=dev),
             kv_slots=kv_slots.to(dev),
             kv_flat=kv_slots.flatten().to(dev),
-            mask=mask,
+            mask=full_mask,
             window_mask=window_mask,
             rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
             kv_view=kv_view,
         )
+
+
+def context_length_of(hf_config: PretrainedConfig, requested: int | None) -> int:
+    """The longest sequence a runner of this model takes: `requested` (the config's
+    `context_length`; None for the model's own), within what the model is exact for."""
+    model_max = getattr(hf_config, "max_position_embeddings", 2048)
+    model_class = family_of(hf_config).model
+    # Llama attends over the whole sequence; a sliding-window model (Mistral) is exact only
+    # up to its window, so the window bounds the context. Gemma masks windows per layer.
+    window = getattr(hf_config, "sliding_window", None)
+    in_mask = getattr(model_class, "sliding_window_in_mask", False)
+    if getattr(hf_config, "use_sliding_window", True) and window and not in_mask:
+        model_max = min(model_max, window)
+    return min(requested or model_max, model_max)
 
 
 def _placed(model: ModelT, device: torch.device, dtype: torch.dtype) -> ModelT:

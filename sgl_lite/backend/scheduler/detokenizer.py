@@ -50,11 +50,13 @@ def backend_decoder(tokenizer: Any) -> Callable[[list[int], bool], str] | None:
 
 
 class StopMatch(NamedTuple):
-    """A stop string or regex match in the pending text: `[start, end)`, and its text."""
+    """A stop string or regex match in the pending text: `[start, end)`, its text, and the stop
+    that matched (the string itself, or the regex's pattern: SGLang's `matched_stop`)."""
 
     start: int
     end: int
     text: str
+    stop: str
 
 
 class IncrementalDetokenizer:
@@ -169,11 +171,11 @@ class IncrementalDetokenizer:
         for stop in self.stops:
             i = text.find(stop)
             if i >= 0 and (best is None or (i, stop) < (best.start, best.text)):
-                best = StopMatch(i, i + len(stop), stop)
+                best = StopMatch(i, i + len(stop), stop, stop)
         for pattern in self.regexes:
             m = pattern.search(text)
             if m is not None and (best is None or m.start() < best.start):
-                best = StopMatch(m.start(), m.end(), m.group())
+                best = StopMatch(m.start(), m.end(), m.group(), pattern.pattern)
         return best
 
     def _hold_len(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sgl_lite.backend.constrained.grammar_guide import BackendGuide
+from sgl_lite.backend.constrained.jump_forward import apply_jump_forward, plan_jump_forward
 from sgl_lite.backend.scheduler.detokenizer import IncrementalDetokenizer
 from sgl_lite.backend.scheduler.logprobs import TokenLogprobs
 from sgl_lite.backend.types import FinishReason, Req, ReqOutput, Sample
@@ -80,9 +80,10 @@ class OutputProcessor:
         eos = token in self.eos_token_ids and not params.ignore_eos
         stops = eos or token in params.stop_token_ids
         sampled = token
-        if not stops and isinstance(req.guide, BackendGuide):
+        if not stops and req.guide is not None:
             # a grammar backend keeps the output closable within max_new_tokens by replacing a
-            # token its closer would not fit after (constrained/closer.py); eos = it is complete
+            # token its closer would not fit after (constrained/matchers/closer.py; the
+            # automaton's mask already did); eos = it is complete
             token = req.guide.budget_substitute(token)
             stops = token == req.guide.eos_token_id
         req.output_ids.append(token)
@@ -106,7 +107,7 @@ class OutputProcessor:
         # NOTE: a stop string or regex ends the text even on the length-limit token, but not
         # after EOS or a finished grammar (SGLang's order).
         if match is not None and (reason is None or reason.type == "length"):
-            reason = FinishReason.stop(match.text)
+            reason = FinishReason.stop(match.stop)
         else:
             match = None  # an EOS or a finished grammar ends the text untrimmed
         if reason is not None:
@@ -133,8 +134,6 @@ class OutputProcessor:
     def _jump_forward(self, req: Req) -> int | None:
         """Appends the text the grammar forces, retokenized, without sampling it; returns the
         K/V length to cut back to when it replaced tokens that have K/V."""
-        from sgl_lite.backend.constrained import apply_jump_forward, plan_jump_forward
-
         guide = req.guide
         assert guide is not None
         plan = plan_jump_forward(self.tokenizer, guide, req.output_ids)

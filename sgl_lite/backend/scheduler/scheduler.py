@@ -87,7 +87,7 @@ class Scheduler:
     # --- one step -----------------------------------------------------------------------
     def attach_grammars(self) -> list[tuple[Req, Exception]]:
         """Gives each waiting request whose grammar has compiled its guide (budgeted by its
-        max_new_tokens: see constrained/guide.py); returns those whose compile failed, timed
+        max_new_tokens: see constrained/protocols.py); returns those whose compile failed, timed
         out or whose budget is too small, with the error, for the engine to abort."""
         failed = []
         for req in self.waiting:

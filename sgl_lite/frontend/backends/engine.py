@@ -106,7 +106,7 @@ class EngineBackend(Backend):
         decision = method(
             choices=choices, token_logprobs=scored, unconditional_token_logprobs=uncond
         )
-        meta = dict(decision.meta_info)
+        meta = dict(decision.meta_info or {})  # a method may leave it None (SGLang's default)
         meta.update(
             {
                 "prompt_tokens": len(prefix_ids),

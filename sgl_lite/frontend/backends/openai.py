@@ -11,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sgl_lite.common.sampling_names import OPENAI_SPELLINGS, SAMPLING_PARAM_NAMES
 from sgl_lite.frontend.backends.base import Backend, GenRequest, GenResult, Prompt, StepTimeout
 from sgl_lite.frontend.chat_template import ChatTemplate, get_chat_template_by_model_path
 from sgl_lite.frontend.choices import ChoicesDecision, ChoicesMethod
+
+if TYPE_CHECKING:  # NOTE: only for the types; `import sgl_lite` must not load openai
+    from openai.types.chat import ChatCompletionMessageParam
 
 # The SGLang sampling params OpenAI's API has too, under OpenAI's names.
 _STANDARD = {
@@ -100,7 +103,7 @@ class OpenAI(Backend):
         args = self._args(request)
         if self._use_chat(prompt):
             resp = self.client.chat.completions.create(
-                model=self.model_name, messages=list(prompt.messages), **args
+                model=self.model_name, messages=_messages(prompt), **args
             )
             text = resp.choices[0].message.content or ""
         else:
@@ -114,22 +117,26 @@ class OpenAI(Backend):
 
     def _generate_stream(self, prompt: Prompt, request: GenRequest) -> Iterator[GenResult]:
         args = self._args(request)
-        chat = self._use_chat(prompt)
-        if chat:
-            chunks = self.client.chat.completions.create(
-                model=self.model_name, messages=list(prompt.messages), stream=True, **args
+        text = ""
+        # Two loops: chat chunks carry a delta, completion chunks the text itself.
+        if self._use_chat(prompt):
+            chat_chunks = self.client.chat.completions.create(
+                model=self.model_name, messages=_messages(prompt), stream=True, **args
             )
+            for chat_chunk in chat_chunks:
+                if chat_chunk.choices:
+                    choice = chat_chunk.choices[0]
+                    text += choice.delta.content or ""
+                    yield GenResult(text, {"finish_reason": choice.finish_reason})
         else:
             chunks = self.client.completions.create(
                 model=self.model_name, prompt=prompt.text, stream=True, **args
             )
-        text = ""
-        for chunk in chunks:
-            if not chunk.choices:
-                continue
-            c = chunk.choices[0]
-            text += (c.delta.content or "") if chat else (c.text or "")
-            yield GenResult(text, {"finish_reason": c.finish_reason})
+            for chunk in chunks:
+                if chunk.choices:
+                    c = chunk.choices[0]
+                    text += c.text or ""
+                    yield GenResult(text, {"finish_reason": c.finish_reason})
 
     def select(
         self, prompt: Prompt, choices: Sequence[str], method: ChoicesMethod
@@ -158,7 +165,7 @@ class OpenAI(Backend):
         scored = []
         for c in by_index:
             lp = c.logprobs
-            if lp is None or not lp.token_logprobs:
+            if lp is None or not lp.token_logprobs or lp.tokens is None or lp.text_offset is None:
                 raise NotImplementedError(
                     f"the server returned no prompt logprobs for select with {self.model_name!r}"
                 )
@@ -174,6 +181,11 @@ class OpenAI(Backend):
 
     def get_server_info(self) -> dict[str, Any]:
         return {"model": self.model_name, "base_url": str(self.client.base_url)}
+
+
+def _messages(prompt: Prompt) -> list[ChatCompletionMessageParam]:
+    # The closed messages are {"role", "content"} dicts of the roles OpenAI's API has.
+    return cast("list[ChatCompletionMessageParam]", list(prompt.messages))
 
 
 def _meta(resp: Any) -> dict[str, Any]:

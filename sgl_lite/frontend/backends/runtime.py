@@ -145,7 +145,7 @@ class Runtime:
 
     def get_tokenizer(self) -> Any:
         """The engine's tokenizer (an in-process runtime; a server tokenizes on /tokenize)."""
-        if self.engine is None:
+        if isinstance(self.backend, RuntimeEndpoint):  # the one backend without an engine
             raise NotImplementedError(
                 "Runtime.get_tokenizer: a remote server's tokenizer is not loaded here; POST "
                 "/tokenize and /detokenize, or load transformers.AutoTokenizer from "

@@ -112,6 +112,7 @@ class RuntimeEndpoint(Backend):
         while True:
             http_timeout = self.timeout
             if deadline is not None:
+                assert step_timeout is not None  # NOTE: a deadline is set only with a step timeout
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise StepTimeout(step_timeout, "no answer from the server before the deadline")
@@ -146,6 +147,7 @@ class RuntimeEndpoint(Backend):
                 wait = min(max(_retry_after(resp), self._delay(overloads)), self.max_backoff)
                 resp.close()
                 if deadline is not None and time.monotonic() + wait >= deadline:
+                    assert step_timeout is not None  # NOTE: as above, the deadline's own timeout
                     raise StepTimeout(
                         step_timeout,
                         f"the server was overloaded (HTTP {resp.status_code}) past the deadline",
@@ -271,7 +273,7 @@ class RuntimeEndpoint(Backend):
         decision = method(
             choices=choices, token_logprobs=scored, unconditional_token_logprobs=uncond
         )
-        meta = dict(decision.meta_info)
+        meta = dict(decision.meta_info or {})  # a method may leave it None (SGLang's default)
         meta["prompt_tokens"] = len(prefix_ids)
         meta["cached_tokens"] = [o["meta_info"].get("cached_tokens") for o in outs]
         meta["input_token_logprobs"] = choice_entries  # SGLang's key, with the server's ids

@@ -9,7 +9,7 @@ content or as `tool_calls` (`tool_parser`), whole or as streaming deltas.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
 
@@ -23,7 +23,7 @@ from sgl_lite.server.openai.completions import (
     _streaming,
     model_checker,
 )
-from sgl_lite.server.openai.tool_formats import marker_is_special, resolve_format
+from sgl_lite.server.openai.tool_formats import ToolFormat, marker_is_special, resolve_format
 from sgl_lite.server.openai.tool_parser import Scan, ToolDeltas, message, scan
 from sgl_lite.server.openai.tools import (
     ToolPlan,
@@ -50,16 +50,7 @@ def add_chat_routes(
     """Adds `/v1/chat/completions` to `app`."""
     engine = bridge.engine
     check_model = model_checker(served_model_name, accepted_names)
-    tokenizer = getattr(engine, "tokenizer", None)  # NOTE: test engines may have none
-    fmt = resolve_format(
-        getattr(engine.config, "tool_call_parser", "auto"),
-        tokenizer,
-        template_renders_tools(tokenizer),
-    )
-    # NOTE: a marker that is one special token (Mistral's [TOOL_CALLS]) is dropped by decoding
-    # with skip_special_tokens, so "auto" answers keep special tokens and shed the ending ones
-    keep_special = marker_is_special(fmt, tokenizer)
-    ending = tuple(t for t in getattr(tokenizer, "all_special_tokens", ()) if t)
+    fmt, keep_special, ending = tool_setup(engine)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
@@ -126,6 +117,29 @@ def add_chat_routes(
                 }
             )
         return JsonResponse(reply.body(choices, results))
+
+
+class ToolSetup(NamedTuple):
+    """How an engine's answers carry tool calls (shared with /v1/responses)."""
+
+    fmt: ToolFormat  # the format "auto" answers are read in
+    keep_special: bool  # "auto" answers are decoded with special tokens kept
+    ending: tuple[str, ...]  # the special tokens shed from the end of such an answer
+
+
+def tool_setup(engine: Any) -> ToolSetup:
+    """The engine's tool-call format (`--tool-call-parser`, else its chat template's)."""
+    tokenizer = getattr(engine, "tokenizer", None)  # NOTE: test engines may have none
+    fmt = resolve_format(
+        getattr(engine.config, "tool_call_parser", "auto"),
+        tokenizer,
+        template_renders_tools(tokenizer),
+    )
+    # NOTE: a marker that is one special token (Mistral's [TOOL_CALLS]) is dropped by decoding
+    # with skip_special_tokens, so "auto" answers keep special tokens and shed the ending ones
+    keep_special = marker_is_special(fmt, tokenizer)
+    ending = tuple(t for t in getattr(tokenizer, "all_special_tokens", ()) if t)
+    return ToolSetup(fmt, keep_special, ending)
 
 
 # apply_chat_template's own parameters and the variables the server sets itself

@@ -1,4 +1,5 @@
-"""OpenAI-compatible endpoints: /v1/models, /v1/completions (chat lives in `chat.py`).
+"""OpenAI-compatible endpoints: /v1/models (and one model's card), /v1/completions (chat lives
+in `chat.py`).
 
 Each endpoint turns its OpenAI body into one native generate call on the shared `EngineBridge`,
 then turns the engine's results (or stream chunks) back into OpenAI's response shapes; the
@@ -45,23 +46,25 @@ def add_openai_routes(
     engine = bridge.engine
     check_model = model_checker(served_model_name, accepted_names)
 
+    def card() -> dict[str, Any]:
+        return {
+            "id": served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sgl_lite",
+            "root": served_model_name,
+            "max_model_len": engine.context_length,
+        }
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JsonResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": served_model_name,
-                        "object": "model",
-                        "created": int(time.time()),
-                        "owned_by": "sgl_lite",
-                        "root": served_model_name,
-                        "max_model_len": engine.context_length,
-                    }
-                ],
-            }
-        )
+        return JsonResponse({"object": "list", "data": [card()]})
+
+    # NOTE: `:path`, as served names are often hub ids ("org/name")
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str) -> JSONResponse:
+        check_model(model_id)  # the names a request's `model` may use; the card is the list's
+        return JsonResponse(card())
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -126,7 +129,7 @@ def model_checker(served_model_name: str, accepted_names: set[str]) -> Any:
         if model is not None and model not in accepted_names:
             raise ApiError(
                 404,
-                f"model {model!r} does not exist; this server serves {served_model_name!r}",
+                f"The model '{model}' does not exist; this server serves '{served_model_name}'",
                 param="model",
                 type="NotFoundError",
             )

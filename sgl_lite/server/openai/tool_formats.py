@@ -9,11 +9,15 @@ With `tool_choice: "auto"` the model writes calls in the format its chat templat
 | mistral     | Mistral / Mixtral  | `[TOOL_CALLS] [C, ...]`                              |
 | granite     | Granite 3.x        | `<|tool_call|>[C, ...]` (`<|/tool_call|>` optional)  |
 | phi4_mini   | Phi-4-mini         | `functools[C, ...]`                                  |
+| pythonic    | Llama 3.2+ (its pythonic template) | `[add(a=1, b=2), note(t="x")]`       |
 
 A format is a marker that opens a block of calls, an optional marker that closes it, and JSON
-values (call objects, or lists of them) in between. `--tool-call-parser auto` (the default) picks
-the format from the markers the chat template mentions, and hermes when it renders no tools
-(then the default prompt, which teaches `<tool_call>`, is used).
+values (call objects, or lists of them) in between; pythonic's block is a Python list of calls
+with literal keyword arguments instead (`tool_parser` reads it with `ast`, never evaluating it).
+`--tool-call-parser auto` (the default) picks the format from the markers the chat template
+mentions, and hermes when it renders no tools (then the default prompt, which teaches
+`<tool_call>`, is used). SGLang's names for these formats are accepted on the command line too
+(`parser_for_flag`: `llama3`, `qwen`, `qwen25`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class ToolFormat:
     close: str | None = None
     bare_json: bool = False  # an answer that starts with "{" is a block too (Llama 3)
     separators: str = " \n\t,;"
+    python: bool = False  # the block is a Python list of calls, `open` to its matching `close`
 
 
 FORMATS: dict[str, ToolFormat] = {
@@ -43,11 +48,16 @@ FORMATS: dict[str, ToolFormat] = {
         ToolFormat("mistral", "[TOOL_CALLS]"),
         ToolFormat("granite", "<|tool_call|>", "<|/tool_call|>"),
         ToolFormat("phi4_mini", "functools"),
+        ToolFormat("pythonic", "[", "]", python=True),
     )
 }
 
+# SGLang's --tool-call-parser names of the formats above, where its name differs from ours
+SGLANG_PARSER_NAMES = {"llama3": "llama3_json", "qwen": "hermes", "qwen25": "hermes"}
+
 # what in a chat template gives its format away, most specific first
 _TEMPLATE_HINTS = (
+    ("[func_name1(", "pythonic"),  # the pythonic templates' own example of a call list
     ("[TOOL_CALLS]", "mistral"),
     ("<|tool_call|>", "granite"),
     ("<|tool|>", "phi4_mini"),
@@ -86,6 +96,21 @@ def resolve_format(parser: str, tokenizer: Any, renders_tools: bool) -> ToolForm
     if not renders_tools:  # the default prompt teaches hermes' <tool_call>
         return FORMATS["hermes"]
     return detect_format(template_text(tokenizer))
+
+
+def parser_for_flag(value: str) -> str:
+    """Our parser name for a `--tool-call-parser` value: one of ours, or SGLang's name of a
+    format we implement; a ValueError naming every accepted name for any other (SGLang's
+    deepseekv3, kimi_k2, gpt-oss, ... included: those formats are not implemented here)."""
+    if value in TOOL_CALL_PARSERS:
+        return value
+    if value in SGLANG_PARSER_NAMES:
+        return SGLANG_PARSER_NAMES[value]
+    aliases = [f"{k} (= {v})" for k, v in SGLANG_PARSER_NAMES.items()]
+    raise ValueError(
+        f"--tool-call-parser {value}: no such tool-call format here; accepted: "
+        f"{', '.join(TOOL_CALL_PARSERS)}, and SGLang's {', '.join(aliases)}"
+    )
 
 
 def marker_is_special(fmt: ToolFormat, tokenizer: Any) -> bool:

@@ -8,6 +8,7 @@ exactly the non-streamed message.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
@@ -98,6 +99,8 @@ def _scan_auto(plan: ToolPlan, text: str, final: bool) -> Scan:
     close marker yet, or none in this format) are held back, so each call is sent whole.
     """
     fmt = plan.format
+    if fmt.python:
+        return _scan_pythonic(plan, text, final)
     content: list[str] = []
     calls: list[Call] = []
     pos = 0
@@ -170,6 +173,120 @@ def _call_from(plan: ToolPlan, obj: Any) -> Call | None:
     ).is_valid(args):
         return None
     return Call(obj["name"], json.dumps(args, ensure_ascii=False), True)
+
+
+# A pythonic block opens as `[name(`; while streaming, a tail that may still grow into that waits.
+_PY_OPEN = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
+_PY_MAYBE_OPEN = re.compile(r"\[\s*([A-Za-z_][\w.]*\s*)?")
+_JSON_NAMES = {"true": True, "false": False, "null": None}  # models often write JSON's literals
+
+
+def _scan_pythonic(plan: ToolPlan, text: str, final: bool) -> Scan:
+    """Free text with `[f(a=1), g()]` blocks (see `_scan_auto`: same holding back, same rule
+    that a block of anything but valid calls of known functions stays text)."""
+    content: list[str] = []
+    calls: list[Call] = []
+    pos = 0
+    while True:
+        opened = text.find("[", pos)
+        while opened >= 0 and not _PY_OPEN.match(text, opened):
+            if not final and _PY_MAYBE_OPEN.fullmatch(text, opened):
+                break  # the tail may yet open a block: hold it back
+            opened = text.find("[", opened + 1)
+        if opened < 0:
+            content.append(text[pos:])
+            break
+        content.append(text[pos:opened])
+        end = _python_list_end(text, opened)
+        if end is None and not final:
+            break
+        end = len(text) if end is None else end
+        found = _python_calls(plan, text[opened:end])
+        room = len(found or []) if plan.parallel else max(0, 1 - len(calls))
+        if found and room:
+            calls.extend(found[:room])
+        else:
+            content.append(text[opened:end])
+        pos = end
+    return Scan("".join(content), calls)
+
+
+def _python_list_end(text: str, start: int) -> int | None:
+    """The index just past the `]` that closes the `[` at `start` (brackets inside Python
+    string literals do not count); None if it is not closed yet."""
+    depth, quote, escaped = 0, "", False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1 if ch == "]" else None
+    return None
+
+
+def _python_calls(plan: ToolPlan, block: str) -> list[Call] | None:
+    """The calls of a `[f(a=1, b="x"), g()]` block, read with `ast` (parsed, never evaluated:
+    each argument must be a literal); None unless every element is a valid call."""
+    try:
+        tree = ast.parse(block, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return None
+    calls: list[Call] = []
+    for node in tree.elts:
+        if not isinstance(node, ast.Call):
+            return None
+        name = _dotted_name(node.func)
+        if name is None or node.args or any(kw.arg is None for kw in node.keywords):
+            return None  # not a named function, a positional argument, or **kwargs
+        try:
+            args = {kw.arg: _literal(kw.value) for kw in node.keywords}
+            # through JSON: tuples become lists; sets, bytes and NaN are refused
+            args = json.loads(json.dumps(args, allow_nan=False))
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            return None
+        call = _call_from(plan, {"name": name, "arguments": args})
+        if call is None:
+            return None
+        calls.append(call)
+    return calls
+
+
+def _dotted_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted_name(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def _literal(node: ast.expr) -> Any:
+    """A Python literal (`ast.literal_eval`), JSON's true/false/null accepted as names."""
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        out = {}
+        for key, value in zip(node.keys, node.values):
+            if key is None:  # {**other}
+                raise ValueError("not a literal")
+            out[_literal(key)] = _literal(value)
+        return out
+    return ast.literal_eval(node)
 
 
 def new_call_id() -> str:

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel
 
-from sgl_lite.backend.constrained.llguidance_backend import is_any_object
+from sgl_lite.backend.constrained import is_any_object
 from sgl_lite.server.openai.tool_formats import FORMATS, ToolFormat, template_text
 from sgl_lite.server.protocol import ApiError
 
@@ -104,16 +104,23 @@ def plan_tools(
         schemas[fn["name"]] = _checked_parameters(fn.get("parameters"), i)
     if tool_choice is None:
         tool_choice = "auto" if tools else "none"
+    # NOTE: each message opens with SGLang's wording (clients match on it), then ours
     if tool_choice != "none" and not tools:
-        raise ApiError(400, "tool_choice needs a non-empty tools list", param="tool_choice")
+        what = "a specific tool" if isinstance(tool_choice, dict) else repr(tool_choice)
+        raise ApiError(
+            400,
+            f"Tools cannot be empty if tool choice is set to {what}; give tools or "
+            "tool_choice 'none'",
+            param="tool_choice",
+        )
     named = None
     if isinstance(tool_choice, dict):
         named = tool_choice["function"]["name"]
         if named not in schemas:
             raise ApiError(
                 400,
-                f"tool_choice names function {named!r}, which is not in tools "
-                f"(they are {sorted(schemas)})",
+                f"Tool '{named}' not found in tools list; tool_choice names it, and the tools "
+                f"are {sorted(schemas)}",
                 param="tool_choice",
             )
         mode: ToolMode = "named"
@@ -137,15 +144,20 @@ def _checked_parameters(parameters: dict[str, Any] | None, i: int) -> dict[str, 
     field = f"tools[{i}].function.parameters"
     if parameters is None:  # OpenAI: no parameters is a function of no arguments
         return {"type": "object", "properties": {}, "additionalProperties": False}
+    invalid = f"Tool {i} function has invalid 'parameters' schema"  # SGLang's wording
     try:
         jsonschema.validators.validator_for(parameters).check_schema(parameters)
     except jsonschema.exceptions.SchemaError as exc:
         where = "/".join(str(p) for p in exc.path) or "the root"
         raise ApiError(
-            400, f"{field} is not a valid JSON Schema at {where}: {exc.message}", param=field
+            400,
+            f"{invalid}: {field} is not a valid JSON Schema at {where}: {exc.message}",
+            param=field,
         ) from None
     if parameters.get("type", "object") != "object":
-        raise ApiError(400, f"{field} must describe a JSON object (type 'object')", param=field)
+        raise ApiError(
+            400, f"{invalid}: {field} must describe a JSON object (type 'object')", param=field
+        )
     return parameters
 
 

@@ -11,6 +11,8 @@ each request's K/V from the pool by slot id. The model never sees requests, only
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -173,7 +175,7 @@ class Attention(nn.Module):
         shape = (batch, max_k, self.num_kv_heads, self.head_dim)
         view = group.kv_view
         layer = self.layer_id
-        if view is None or k_new is None:
+        if view is None or k_new is None or v_new is None:  # the decode path passes both
             keys = pool.k_layers[layer].index_select(0, group.kv_flat).view(shape)
             values = pool.v_layers[layer].index_select(0, group.kv_flat).view(shape)
             return keys.transpose(1, 2), values.transpose(1, 2)
@@ -218,6 +220,9 @@ class DecoderLayer(nn.Module):
     """Pre-norm transformer block (Llama, Qwen, Phi-3)."""
 
     norm_names = ("input_layernorm", "post_attention_layernorm")  # as in the checkpoint
+    # Set by name in __init__ (the norms differ by block); declared for the type checker.
+    input_layernorm: nn.Parameter
+    post_attention_layernorm: nn.Parameter
 
     def __init__(self, config: PretrainedConfig, layer_id: int, spec: DecoderSpec = LLAMA) -> None:
         super().__init__()
@@ -257,6 +262,7 @@ class PostNormDecoderLayer(DecoderLayer):
     """Block that norms each sublayer's output instead of its input (OLMo 2)."""
 
     norm_names = ("post_attention_layernorm", "post_feedforward_layernorm")
+    post_feedforward_layernorm: nn.Parameter
 
     def forward(self, x, meta, pool):
         """x: (T, hidden) → (T, hidden)."""
@@ -328,7 +334,8 @@ class LlamaForCausalLM(nn.Module):
         if self.head_packed is not None and use_int:
             logits = self.head_packed.matmul(hidden.to(torch.bfloat16)).float()
         else:
-            weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
+            head = self.lm_head  # None exactly when tied
+            weight = self.embed_tokens.weight if head is None else head.weight
             logits = dense_linear(hidden, weight).float()
         return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 
@@ -339,9 +346,15 @@ class LlamaForCausalLM(nn.Module):
         those our parameters, sized from the config, call for.
         """
         plan: dict[str, WeightSource] = {}
-        for i, layer in enumerate(self.layers):
+        for i, block in enumerate(self.layers):
+            # NOTE: Llama's blocks; a family with its own (Gemma) loads its own way.
+            layer = cast(DecoderLayer, block)
             p, ours = f"model.layers.{i}.", f"layers.{i}."
             inter = layer.mlp.intermediate
+            qkv: tuple[str, ...]
+            gate_up: tuple[str, ...]
+            qkv_rows: tuple[int, ...]
+            gate_up_rows: tuple[int, ...]
             if self.spec.fused_checkpoint:
                 qkv, qkv_rows = (p + "self_attn.qkv_proj",), ()
                 gate_up, gate_up_rows = (p + "mlp.gate_up_proj",), ()

@@ -1,36 +1,27 @@
-"""Helpers for the server tests: a real uvicorn server on a free loopback port, in a thread,
-and `python -m sgl_lite.launch_server` as a process.
+"""The HTTP app served in process: a real uvicorn server on a free loopback port, in a thread,
+and small HTTP helpers (`processes.py` runs `python -m sgl_lite.launch_server` as a child).
 
-In process: `url = url_fixture(**create_app_kwargs)` in a test module serves the `engine`
-fixture in scope there (the session's shared engine from tests/conftest.py, or the module's
-own `engine = engine_fixture(**engine_kwargs)` when it needs another configuration) for the
-module; `serve(create_app(engine, ...))` does the same inside one test. As a process:
-`running(*flags)` starts a server and yields it once /health answers; `launch(*flags)` runs one
-that must fail before serving.
+`url = url_fixture(**create_app_kwargs)` in a test module serves the `engine` fixture in scope
+there (the session's shared engine from tests/conftest.py, or the module's own
+`engine = engine_fixture(**engine_kwargs)` when it needs another configuration) for the module;
+`serve(create_app(engine, ...))` does the same inside one test.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import httpx
 import pytest
 import uvicorn
 
-from tests.conftest import NUM_THREADS
-
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "SGL_LITE_NUM_THREADS": str(NUM_THREADS)}
+from tests.support import NUM_THREADS
 
 
 def make_engine(**kwargs: Any):
@@ -134,51 +125,3 @@ def sse_events(lines: Iterator[str]) -> Iterator[dict | str]:
             continue
         data = line[len("data:") :].strip()
         yield data if data == "[DONE]" else json.loads(data)
-
-
-# --- launch_server as a process --------------------------------------------------------------
-def launch(*flags: str, timeout: float = 10) -> subprocess.CompletedProcess:
-    """Runs launch_server to completion (for flags that must fail before serving)."""
-    cmd = [sys.executable, "-m", "sgl_lite.launch_server", *flags]
-    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
-
-
-class Server(NamedTuple):
-    """A launched server process: its loopback URL, its log file and the process."""
-
-    url: str
-    log: Path
-    proc: subprocess.Popen
-
-
-@contextlib.contextmanager
-def running(*flags: str, startup: float = 180) -> Iterator[Server]:
-    """Starts a server on a free port (binding 0.0.0.0); yields it once /health answers; stops
-    it (if it still runs) afterwards."""
-    port = free_port()
-    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"sgl_lite-launch-{port}.log"
-    cmd = [sys.executable, "-m", "sgl_lite.launch_server", "--model-path", "default"]
-    cmd += ["--host", "0.0.0.0", "--port", str(port), *flags]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited {proc.returncode}: {log.read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no /health after {startup} s: {log.read_text()}")
-            time.sleep(0.25)
-        yield Server(url, log, proc)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.unlink(missing_ok=True)

@@ -1,8 +1,8 @@
 """CompiledGrammar: one regex's automaton over one vocabulary, shared by every request using it.
 
 Immutable apart from its memo caches (per-state masks, forced bytes, budget masks); it knows
-nothing about requests. The per-request cursor is `guide.Guide`; the distance table behind the
-budget rule is `budget.BudgetTable`.
+nothing about requests. It is the automaton's `Grammar` (protocols.py); the per-request cursor
+is `guide.AutomatonGuide`; the distance table behind the budget rule is `budget.BudgetTable`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ from collections import OrderedDict
 import torch
 from outlines_core import Index
 
-from sgl_lite.backend.constrained.budget import BudgetTable
-from sgl_lite.backend.constrained.vocab import TokenVocabulary
+from sgl_lite.backend.constrained.automaton.budget import BudgetTable
+from sgl_lite.backend.constrained.automaton.guide import AutomatonGuide
+from sgl_lite.backend.constrained.protocols import Constraint
+from sgl_lite.backend.constrained.vocab import BYTE_EOS_ID, TokenVocabulary
 
 DEFAULT_MASK_CACHE_STATES = 512
+MAX_FORCED_BYTES = 4096
 
 
 class CompiledGrammar:
@@ -44,7 +47,7 @@ class CompiledGrammar:
         self.eos_token_id = vocab.eos_token_id
         self.vocab_size = vocab.size
         self.initial_state: int = index.get_initial_state()
-        self.forced: dict[int, bytes] = {}  # state → forced continuation, see jump_forward
+        self.forced: dict[int, bytes] = {}  # state → forced continuation, see forced_bytes
         self.budget = BudgetTable(index, byte_index, vocab)
         self._mask_cache_states = mask_cache_states
         self._masks: OrderedDict[int, torch.Tensor] = OrderedDict()
@@ -56,12 +59,12 @@ class CompiledGrammar:
     # ignore max_new_tokens, as every other runtime does, and a cut output is reported.
     budget_aware = True
 
-    def new_guide(self, *, max_new_tokens: int | None = None, constraint=None):
-        """A budget-aware cursor for one request (see guide.Guide; raises BudgetError)."""
-        from sgl_lite.backend.constrained.guide import Guide
-
+    def new_guide(
+        self, *, max_new_tokens: int | None = None, constraint: Constraint | None = None
+    ) -> AutomatonGuide:
+        """A budget-aware cursor for one request (see guide.AutomatonGuide; raises BudgetError)."""
         budget = max_new_tokens if self.budget_aware else None
-        return Guide(self, max_new_tokens=budget, constraint=constraint)
+        return AutomatonGuide(self, max_new_tokens=budget, constraint=constraint)
 
     @property
     def min_tokens(self) -> int:
@@ -129,3 +132,24 @@ class CompiledGrammar:
     def fits(self, state: int, tokens_left: int) -> bool:
         """Whether an accepting state is reachable from `state` within `tokens_left` tokens."""
         return self.budget.dist(state) <= tokens_left
+
+    def forced_bytes(self, state: int) -> bytes:
+        """The only continuation from `state`, up to a branch or an accepting state (memoized):
+        what jump-forward appends without sampling."""
+        hit = self.forced.get(state)
+        if hit is not None:
+            return hit
+        out = bytearray()
+        index = self.byte_index
+        s = state
+        while len(out) < MAX_FORCED_BYTES and not index.is_final_state(s):
+            allowed = index.get_allowed_tokens(s)
+            if not allowed or len(allowed) != 1 or allowed[0] == BYTE_EOS_ID:
+                break
+            nxt = index.get_next_state(s, allowed[0])
+            if nxt is None:
+                break
+            out.append(allowed[0])
+            s = nxt
+        self.forced[state] = bytes(out)
+        return self.forced[state]

@@ -15,16 +15,18 @@ import math
 from fractions import Fraction
 from typing import Any
 
-from sgl_lite.backend.constrained.formats import STRING_FORMATS
-from sgl_lite.backend.constrained.numbers import (
+import jsonschema
+
+from sgl_lite.backend.constrained.regex_check import GrammarError, UnsupportedSchema, check_regex
+from sgl_lite.backend.constrained.schema.formats import STRING_FORMATS
+from sgl_lite.backend.constrained.schema.numbers import (
     INT_MAX_DIGITS,
     NUMBER_FRAC_DIGITS,
     NUMBER_INT_DIGITS,
     int_range_pattern,
     number_range_pattern,
 )
-from sgl_lite.backend.constrained.regex_check import GrammarError, UnsupportedSchema, check_regex
-from sgl_lite.backend.constrained.schema_merge import (
+from sgl_lite.backend.constrained.schema.schema_merge import (
     ANNOTATIONS,
     REFUSED,
     TYPE_HINTS,
@@ -191,8 +193,6 @@ class SchemaRegex:
     # -- literals ------------------------------------------------------------------------
 
     def _literals(self, schema: dict, path: str) -> str | None:
-        import jsonschema
-
         values = [schema["const"]] if "const" in schema else list(schema["enum"])
         if "const" in schema and "enum" in schema:
             values = [v for v in values if v in schema["enum"]]

@@ -31,7 +31,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from sgl_lite.backend.constrained.grammar_mask import unpack_bitmask
+from sgl_lite.backend.constrained.matchers.grammar_mask import unpack_bitmask
 from sgl_lite.backend.constrained.vocab import TokenVocabulary
 
 CLOSER_CAP = 256  # the longest completion the closer looks for (tokens)

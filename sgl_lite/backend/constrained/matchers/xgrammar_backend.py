@@ -1,4 +1,4 @@
-"""The xgrammar backend: SGLang's default grammar engine, behind the same Guide interface.
+"""The xgrammar backend: SGLang's default grammar engine, behind the same Guide protocol.
 
 `to_xgrammar` checks a regex, JSON Schema or EBNF grammar at submission (xgrammar's parser, no
 tokenizer, milliseconds) and returns its EBNF text, the cache key and what `XGGrammar` compiles
@@ -18,14 +18,12 @@ from typing import Any
 
 import torch
 
-from sgl_lite.backend.constrained.closer import (
-    ClosingMatcher,
-    lowest_allowed,
-)
-from sgl_lite.backend.constrained.formats import STRING_FORMATS
-from sgl_lite.backend.constrained.grammar_guide import BackendGuide, ClosableGrammar
-from sgl_lite.backend.constrained.grammar_mask import text_token_mask, unpack_bitmask
+from sgl_lite.backend.constrained.matchers.closer import ClosingMatcher, lowest_allowed
+from sgl_lite.backend.constrained.matchers.grammar_guide import BackendGuide, ClosableGrammar
+from sgl_lite.backend.constrained.matchers.grammar_mask import text_token_mask, unpack_bitmask
+from sgl_lite.backend.constrained.protocols import Constraint
 from sgl_lite.backend.constrained.regex_check import GrammarError
+from sgl_lite.backend.constrained.schema.formats import STRING_FORMATS
 from sgl_lite.backend.constrained.vocab import TokenVocabulary
 
 _COMPILERS: dict[int, tuple[Any, Any]] = {}
@@ -179,16 +177,18 @@ class XGGrammar(ClosableGrammar):
         self._init_closer(vocab, lambda: _XGCopy(start, self))
 
     def new_guide(
-        self, *, max_new_tokens: int | None = None, constraint: tuple[str, Any] | None = None
+        self, *, max_new_tokens: int | None = None, constraint: Constraint | None = None
     ) -> XGGuide:
         """A fresh cursor for one request (a new matcher over the shared compiled grammar)."""
         return XGGuide(self, max_new_tokens, constraint)
 
 
 class XGGuide(BackendGuide):
-    """Where one request stands in an xgrammar grammar (the Guide interface)."""
+    """Where one request stands in an xgrammar grammar (the Guide protocol)."""
 
-    def __init__(self, grammar: XGGrammar, max_new_tokens, constraint) -> None:
+    def __init__(
+        self, grammar: XGGrammar, max_new_tokens: int | None, constraint: Constraint | None
+    ) -> None:
         import xgrammar as xgr
 
         super().__init__(grammar, max_new_tokens, constraint)

@@ -2,29 +2,21 @@
 
 An unbounded `[0-9]+` lets a model write digits until the budget runs out; here integers carry
 at most INT_MAX_DIGITS digits (int64's 19) unless a range says otherwise, and numbers at most
-NUMBER_INT_DIGITS integer and NUMBER_FRAC_DIGITS fraction digits. The public constants are the
-patterns `dtype=int|float` / `gen_int` use (dtypes.py) and JSON numbers follow (schema_regex.py).
-Pure functions over integers and strings.
+NUMBER_INT_DIGITS integer and NUMBER_FRAC_DIGITS fraction digits: the bounds of
+`sgl_lite.common.regex`, which the `dtype=int|float` / `gen_int` patterns use too. JSON numbers
+follow them here (schema_regex.py). Pure functions over integers and strings.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 
-INT_MAX_DIGITS = 19
-NUMBER_INT_DIGITS = 15
-NUMBER_FRAC_DIGITS = 6
+from sgl_lite.common.regex import INT_MAX_DIGITS, NUMBER_FRAC_DIGITS, NUMBER_INT_DIGITS
 
 # JSON integers/numbers (no leading zeros, no '+', no exponent: a subset of what JSON allows).
 JSON_INT_PATTERN = rf"(0|-?[1-9][0-9]{{0,{INT_MAX_DIGITS - 1}}})"
 JSON_NUMBER_PATTERN = (
     rf"-?(0|[1-9][0-9]{{0,{NUMBER_INT_DIGITS - 1}}})(\.[0-9]{{1,{NUMBER_FRAC_DIGITS}}})?"
-)
-# SGLang's dtype patterns, bounded the same way (SGLang: [-+]?[0-9]+ and [-+]?[0-9]*\.?[0-9]+).
-DTYPE_INT_PATTERN = rf"[-+]?[0-9]{{1,{INT_MAX_DIGITS}}}"
-DTYPE_FLOAT_PATTERN = (
-    rf"[-+]?([0-9]{{1,{NUMBER_INT_DIGITS}}}(\.[0-9]{{1,{NUMBER_FRAC_DIGITS}}})?"
-    rf"|\.[0-9]{{1,{NUMBER_FRAC_DIGITS}}})"
 )
 
 

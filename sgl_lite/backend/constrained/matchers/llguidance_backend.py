@@ -1,5 +1,5 @@
 """The llguidance backend: context-free grammars (SGLang's `ebnf`, Lark) and JSON Schema with
-real recursion, behind the same Guide interface the engine uses for the automaton backend.
+real recursion, behind the same Guide protocol the engine uses for the automaton backend.
 
 `LLGrammar` is one validated grammar for one tokenizer (shared, with a prototype matcher built
 off the loop); `LLGuide` is a per-request deep copy of that matcher. What llguidance does not
@@ -17,12 +17,10 @@ from typing import Any
 
 import torch
 
-from sgl_lite.backend.constrained.closer import (
-    ClosingMatcher,
-    lowest_allowed,
-)
-from sgl_lite.backend.constrained.grammar_guide import BackendGuide, ClosableGrammar
-from sgl_lite.backend.constrained.grammar_mask import text_token_mask, unpack_bitmask
+from sgl_lite.backend.constrained.matchers.closer import ClosingMatcher, lowest_allowed
+from sgl_lite.backend.constrained.matchers.grammar_guide import BackendGuide, ClosableGrammar
+from sgl_lite.backend.constrained.matchers.grammar_mask import text_token_mask, unpack_bitmask
+from sgl_lite.backend.constrained.protocols import Constraint
 from sgl_lite.backend.constrained.regex_check import GrammarError
 from sgl_lite.backend.constrained.vocab import vocabulary_for
 
@@ -93,24 +91,6 @@ def closed_objects(schema: Any) -> Any:
     return close(schema)
 
 
-# keywords that leave an object free: "any JSON object" (OpenAI's json_object, a tool whose
-# parameters declare nothing)
-_ANY_OBJECT_KEYS = {"type", "title", "description", "$schema", "$comment", "properties",
-                    "additionalProperties"}  # fmt: skip
-
-
-def is_any_object(schema: Any) -> bool:
-    """Whether `schema` allows any JSON object: the automaton can only write a bounded subset of
-    it (free values as scalars), so it is built here, as a real recursive grammar."""
-    return (
-        isinstance(schema, dict)
-        and schema.get("type") == "object"
-        and set(schema) <= _ANY_OBJECT_KEYS
-        and not schema.get("properties")
-        and schema.get("additionalProperties", True) is True
-    )
-
-
 def check_llguidance(kind: str, grammar: str, tokenizer: Any) -> None:
     """Raises GrammarError with llguidance's own message if it refuses the grammar."""
     from llguidance import LLMatcher
@@ -140,16 +120,22 @@ class LLGrammar(ClosableGrammar):
         self._init_closer(vocab, lambda: _LLCopy(self._proto, self))
 
     def new_guide(
-        self, *, max_new_tokens: int | None = None, constraint: tuple[str, Any] | None = None
+        self, *, max_new_tokens: int | None = None, constraint: Constraint | None = None
     ) -> LLGuide:
         """A fresh cursor for one request (a copy of the prototype matcher)."""
         return LLGuide(self, self._proto.deep_copy(), max_new_tokens, constraint)
 
 
 class LLGuide(BackendGuide):
-    """Where one request stands in an llguidance grammar (the Guide interface)."""
+    """Where one request stands in an llguidance grammar (the Guide protocol)."""
 
-    def __init__(self, grammar: LLGrammar, matcher: Any, max_new_tokens, constraint) -> None:
+    def __init__(
+        self,
+        grammar: LLGrammar,
+        matcher: Any,
+        max_new_tokens: int | None,
+        constraint: Constraint | None,
+    ) -> None:
         super().__init__(grammar, max_new_tokens, constraint)
         self.grammar = grammar
         self._matcher = matcher

@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 from sgl_lite.backend.constrained.regex_check import GrammarError
-from sgl_lite.backend.constrained.schema_merge import (
+from sgl_lite.backend.constrained.schema.schema_merge import (
     ALL_TYPES,
     ANNOTATIONS,
     Schema,
@@ -54,6 +55,25 @@ URI_REFERENCE = f"/?{_SEGMENT}(/{_SEGMENT})*/?"
 # NOTE: text without regex metacharacters is a regex (matching itself) in every dialect
 REGEX = "[A-Za-z0-9_ -]*"
 EXTRA_FORMATS = {"uri-reference": URI_REFERENCE, "regex": REGEX}
+
+
+# keywords that leave an object free: "any JSON object" (OpenAI's json_object, a tool whose
+# parameters declare nothing)
+_ANY_OBJECT_KEYS = {"type", "title", "description", "$schema", "$comment", "properties",
+                    "additionalProperties"}  # fmt: skip
+
+
+def is_any_object(schema: Any) -> bool:
+    """Whether `schema` allows any JSON object: the automaton can only write a bounded subset of
+    it (free values as scalars), so the compiler builds it with llguidance, as a real recursive
+    grammar."""
+    return (
+        isinstance(schema, dict)
+        and schema.get("type") == "object"
+        and set(schema) <= _ANY_OBJECT_KEYS
+        and not schema.get("properties")
+        and schema.get("additionalProperties", True) is True
+    )
 
 
 def normalize(schema: Any) -> Any:
@@ -347,8 +367,6 @@ def _collect_refs(node: Any, out: set[tuple[str, ...]]) -> None:
     elif isinstance(node, dict):
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
-            from urllib.parse import unquote
-
             parts = unquote(ref[1:]).split("/")[1:]
             out.add(tuple(p.replace("~1", "/").replace("~0", "~") for p in parts))
         for k, v in node.items():

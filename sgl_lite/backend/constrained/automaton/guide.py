@@ -1,28 +1,31 @@
-"""The per-request cursor over a shared CompiledGrammar: mask, advance, rollback, validate.
+"""The automaton's per-request cursor over a shared CompiledGrammar: mask, advance, rollback,
+jump forward, validate (the `Guide` protocol of protocols.py).
 
-A Guide holds a state id, the history of states it came through and the request's token
-budget; everything heavy (the index, the per-state masks, the distance table) lives on the
-grammar and is shared across requests. The Guide counts the tokens it is advanced by (sampled
-and jump-forward alike), so the engine only has to pass `max_new_tokens` once.
+An AutomatonGuide holds a state id, the history of states it came through and the request's
+token budget; everything heavy (the index, the per-state masks, the distance table) lives on the
+grammar and is shared across requests. The guide counts the tokens it is advanced by (sampled
+and jump-forward alike), so the engine only has to pass `max_new_tokens` once. The budget is
+kept by the mask alone (a token is allowed only if a full match still fits after it), so
+`budget_substitute` never replaces a token here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sgl_lite.backend.constrained.fidelity import COUNTERS, check_output
-from sgl_lite.backend.constrained.grammar import CompiledGrammar
-from sgl_lite.backend.constrained.regex_check import GrammarError
+from sgl_lite.backend.constrained.jump_forward import retokenize
+from sgl_lite.backend.constrained.protocols import Constraint, JumpForward
+from sgl_lite.backend.constrained.regex_check import BudgetError, GrammarError
+
+if TYPE_CHECKING:  # the grammar makes its guides: grammar.py imports this module
+    from sgl_lite.backend.constrained.automaton.grammar import CompiledGrammar
 
 
-class BudgetError(GrammarError):
-    """`max_new_tokens` is below the shortest output the constraint accepts."""
-
-
-class Guide:
-    """Where one request stands in its grammar.
+class AutomatonGuide:
+    """Where one request stands in its automaton.
 
     The engine calls `allowed_mask()` before sampling, `advance(token)` after (never with
     eos), and stops the request when `is_finished()` or when eos is sampled in an accepting
@@ -39,7 +42,7 @@ class Guide:
         grammar: CompiledGrammar,
         *,
         max_new_tokens: int | None = None,
-        constraint: tuple[str, Any] | None = None,
+        constraint: Constraint | None = None,
     ) -> None:
         if max_new_tokens is not None and grammar.min_tokens > max_new_tokens:
             COUNTERS.add("budget_refused")
@@ -55,6 +58,11 @@ class Guide:
         self.budget_closed = False  # the budget removed a token the grammar alone allowed
         self._history: list[int] = []  # state before each advance
         self._meta: dict[str, Any] | None = None
+
+    @property
+    def eos_token_id(self) -> int:
+        """The tokenizer's eos token (allowed only in accepting states)."""
+        return self.grammar.eos_token_id
 
     @property
     def tokens_left(self) -> int | None:
@@ -109,6 +117,34 @@ class Guide:
         if self.max_new_tokens is None:
             return True
         return self.grammar.fits(s, self.max_new_tokens - keep - len(new_ids))
+
+    def budget_substitute(self, token_id: int) -> int:
+        """`token_id` itself: the budget-aware mask already allowed only tokens after which a
+        full match fits the tokens left."""
+        return token_id
+
+    def plan_jump_forward(self, tokenizer: Any, output_ids: list[int]) -> JumpForward | None:
+        """The forced bytes from here, retokenized with the output's tail (jump_forward.py);
+        None when nothing is forced or the new tokens do not fit the grammar or the budget."""
+        forced = self.grammar.forced_bytes(self.state)
+        if not forced:
+            return None
+        jf = retokenize(tokenizer, self.grammar.vocab.decode_bytes, output_ids, forced)
+        # NOTE: checked here, before the engine drops any KV: a retokenized jump the grammar
+        # refuses, or one that would leave no valid ending within the budget, is not taken.
+        if jf is None or not self.fits_after(jf.keep, jf.new_ids):
+            return None
+        return jf
+
+    def apply_jump_forward(self, jf: JumpForward) -> bool:
+        """Rolls back to `jf.keep` advances and advances over `jf.new_ids`, after checking
+        every new token and the budget; False, with the guide untouched, if they do not fit."""
+        if not self.fits_after(jf.keep, jf.new_ids):
+            return False
+        self.rollback(self.num_advanced - jf.keep)
+        for token_id in jf.new_ids:
+            self.advance(token_id)
+        return True
 
     def rollback(self, n: int) -> None:
         """Undoes the last `n` advances."""

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from sgl_lite.backend.constrained.closer import (
+from sgl_lite.backend.constrained.fidelity import COUNTERS, check_output
+from sgl_lite.backend.constrained.matchers.closer import (
     CLOSER_CAP,
     ClosingBudget,
     ClosingMatcher,
@@ -28,8 +29,8 @@ from sgl_lite.backend.constrained.closer import (
     closing_path,
     ranked_tokens,
 )
-from sgl_lite.backend.constrained.fidelity import COUNTERS, check_output
-from sgl_lite.backend.constrained.guide import BudgetError
+from sgl_lite.backend.constrained.protocols import Constraint, JumpForward
+from sgl_lite.backend.constrained.regex_check import BudgetError, GrammarError
 
 
 class ClosableGrammar:
@@ -57,7 +58,7 @@ class ClosableGrammar:
 
 
 class BackendGuide(ABC):
-    """The Guide interface over a grammar backend's matcher; subclasses give the matcher ops
+    """The Guide protocol over a grammar backend's matcher; subclasses give the matcher ops
     (`_fill_mask`, `_consume`, `_rollback`, `is_accepting`, `_forced`, `_closing_copy`).
 
     The grammar gives the closer's path from the start state (`initial_path`, None where it
@@ -69,7 +70,7 @@ class BackendGuide(ABC):
         self,
         grammar: ClosableGrammar,
         max_new_tokens: int | None,
-        constraint: tuple[str, Any] | None,
+        constraint: Constraint | None,
     ) -> None:
         eos_token_id, initial_path = grammar.eos_token_id, grammar.initial_path
         need = None if initial_path is None else len(initial_path)
@@ -129,7 +130,7 @@ class BackendGuide(ABC):
         stays); on a copy unless the backend can tell without moving its matcher."""
         return self._closing_copy().completes(tokens)
 
-    # -- the Guide interface ---------------------------------------------------------------
+    # -- the Guide protocol ----------------------------------------------------------------
 
     @property
     def num_advanced(self) -> int:
@@ -150,8 +151,6 @@ class BackendGuide(ABC):
 
     def advance(self, token_id: int) -> None:
         """Consumes `token_id`; raises GrammarError if the grammar does not allow it."""
-        from sgl_lite.backend.constrained.regex_check import GrammarError
-
         if token_id == self.eos_token_id:
             raise GrammarError(f"eos is not advanced over (after {self._advanced} tokens)")
         why = self._consume(token_id)
@@ -187,6 +186,22 @@ class BackendGuide(ABC):
         if len(forced) > left or not self.closer.fits_forced(self._advanced, left, forced):
             return []
         return forced
+
+    def plan_jump_forward(self, tokenizer: Any, output_ids: list[int]) -> JumpForward | None:
+        """The backend's own forced tokens (`forced_tokens`), appended without retokenizing;
+        None when there are none."""
+        ids = self.forced_tokens()
+        if not ids:
+            return None
+        return JumpForward(keep=len(output_ids), new_ids=ids, forced_text=tokenizer.decode(ids))
+
+    def apply_jump_forward(self, jf: JumpForward) -> bool:
+        """Rolls back to `jf.keep` advances (none for this guide's own plans) and advances over
+        `jf.new_ids`; `forced_tokens` already checked that they fit the budget."""
+        self.rollback(self._advanced - jf.keep)
+        for token_id in jf.new_ids:
+            self.advance(token_id)
+        return True
 
     def rollback(self, n: int) -> None:
         """Undoes the last `n` advances."""

@@ -1,0 +1,22 @@
+"""Helpers the test modules share; no tests here. A test module imports from this package or
+uses a conftest fixture, never another test module.
+
+- `tiers`: the tier marker each test gets (tests/conftest.py applies it).
+- `tiny`: the tokenizer trained in code and the tiny Llama shapes (unit, model tiers).
+- `fakes`: a byte tokenizer and fake model runners for the real `Engine` (no model files),
+  and `ScriptedEngine`, the one engine double (canned outcomes for the server's error paths).
+- `mock_backend`: a scripted frontend `Backend`.
+- `server`: the HTTP app served in process on loopback, and small HTTP helpers.
+- `processes`: `python -m sgl_lite.launch_server` as a child process (the `process` tier).
+- `smollm`: SmolLM2's tokenizer outside a fixture, chat prompts.
+- `constrained`, `constraints`: model-free decode loops on SmolLM2's tokenizer, and the
+  schemas and grammars several constrained-decoding test modules share.
+- `tools`, `chat_templates`, `gguf_files`: tool definitions, real chat templates, GGUF writing.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The thread count every engine in the tests runs with (`SGL_LITE_NUM_THREADS`, default 2).
+NUM_THREADS = int(os.environ.get("SGL_LITE_NUM_THREADS", "2"))
