@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bench import chart, report, w3_backends
+from bench import chart, docs_table, report, w3_backends
 from bench.common import Skipped, median, on_own_thread
 from bench.workloads import Workloads, build
 
@@ -377,6 +377,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     print(f"\nresults: {report.write_json(results, out)}")
     print(chart.write_chart(results, out))
+    print(docs_table.write(out / "bench_results.json", out / "performance.md"))
     return results
 
 

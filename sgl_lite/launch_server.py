@@ -293,7 +293,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(
                 f"--dp-size {args.dp_size} is larger than the {cores} CPU cores here: each "
                 "worker needs a core of its own; on several machines, run one server on each "
-                "behind sglang-router (README: Scale-out)"
+                "behind sglang-router (docs/server.md: Scale-out)"
             )
         if importlib.util.find_spec("sglang_router") is None:
             parser.error(
