@@ -30,8 +30,10 @@ DEFAULT_OUT = DOCS / "performance.md"
 CHART = "bench_ratios.png"  # bench.chart writes it beside the JSON
 NAMES = {
     "sgl_lite": "sgl_lite",
-    "sgl_lite_auto": "sgl_lite `auto`",
+    "sgl_lite_deterministic": "sgl_lite deterministic",
+    "sgl_lite_float32": "sgl_lite float32",
     "sgl_lite_bfloat16": "sgl_lite bf16",
+    "sgl_lite_auto": "sgl_lite `auto`",  # earlier results: the int mode before it was the default
     "sgl_lite_int8": "sgl_lite int8",
     "hf_alone": "HF-alone",
     "hf_manual_cache": "HF-manual-cache",

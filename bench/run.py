@@ -34,7 +34,7 @@ TITLES = {
     "W5": "DSL programs vs engine API",
 }
 # W4 also runs the engine in each explicit weight mode (the `sgl_lite` row is the default).
-SGL_MODES = ("auto", "bfloat16", "int8")
+SGL_MODES = ("deterministic", "float32", "bfloat16")
 PACKAGES = (
     "torch",
     "transformers",

@@ -227,12 +227,12 @@ class SglLite:
         }
 
 
-# Engine keywords of each explicit weight mode W4 reports besides the engine's default (the
-# `sgl_lite` row: float32 on CPU, what a user gets without flags).
+# Engine keywords of each explicit mode W4 reports besides the engine's default (the
+# `sgl_lite` row: the fast mode on the file's own codes, what a user gets without flags).
 MODES = {
-    "auto": {"dtype": "auto", "quantization": "auto"},
+    "deterministic": {"enable_deterministic_inference": True},
+    "float32": {"dtype": "float32", "quantization": "none"},
     "bfloat16": {"dtype": "bfloat16", "quantization": "none"},
-    "int8": {"dtype": "auto", "quantization": "int8"},
 }
 
 

@@ -187,7 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantization",
         default=None,
         choices=["auto", "none", "int8", "int4"],
-        help="int kernels for small batches (default none; auto: the GGUF's own 4-bit codes)",
+        help="int kernels for decode and short passes (default auto: the file's own 4/8-bit "
+        "codes, none for a float checkpoint; none: dense weights only)",
+    )
+    p.add_argument(
+        "--enable-deterministic-inference",
+        action="store_true",
+        help="batch- and pass-invariant numerics: greedy output identical with the radix "
+        "cache on and off, alone and batched (slower: int kernels on every pass, float64 "
+        "attention)",
     )
     p.add_argument("--random-seed", type=int, default=None)
     p.add_argument(
@@ -369,7 +377,12 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = {
         name: getattr(args, name) for name in _ENGINE_FLAGS if getattr(args, name) is not None
     }
-    for flag in ("disable_radix_cache", "disable_jump_forward", "trust_remote_code"):
+    for flag in (
+        "disable_radix_cache",
+        "disable_jump_forward",
+        "trust_remote_code",
+        "enable_deterministic_inference",
+    ):
         if getattr(args, flag):
             kwargs[flag] = True
     if args.disable_overlap_masks:

@@ -70,7 +70,9 @@ def engine():
     # NOTE: float32, not `auto` (bfloat16 on a CPU with a bf16 GEMM, float32 elsewhere): the
     # tests on this engine check identity (cache on/off, alone/batched) and agreement with
     # transformers' float32 logits, which the engine promises in float32 only.
-    eng = Engine(num_threads=NUM_THREADS, max_total_tokens=16384, dtype="float32")
+    eng = Engine(
+        num_threads=NUM_THREADS, max_total_tokens=16384, dtype="float32", quantization="none"
+    )
     yield eng
     eng.shutdown()
 

@@ -37,11 +37,14 @@ class EngineConfig:
     served_model_name: str | None = None
     device: str = field(default_factory=default_device)
     dtype: str = "auto"
-    # NOTE: "none" by default, as in SGLang. `auto` (a GGUF's own 4/8-bit codes on torch's int
-    # kernels for every pass, attention in float64) keeps greedy output identical with the cache
-    # on and off, but measured on an AVX2 CPU it decodes 1.1x float32 at batch 1 and 0.6x at
-    # batch 16, and prefills 2x slower: a loss on batched pipelines, so it stays opt-in.
-    quantization: str = "none"
+    # `auto`: the file's own quantization (a GGUF's 4/8-bit codes, never coarser) on the
+    # fastest int kernel this CPU has for decode and short passes, dense weights for long ones
+    # (backend/runner/weights/formats.py); `none`: dense weights only.
+    quantization: str = "auto"
+    # SGLang's flag: batch- and pass-invariant numerics, so greedy output is identical with the
+    # radix cache on and off, alone and batched (int kernels on every pass and float64
+    # attention, or float64 throughout); slower, paid for only by those who ask.
+    enable_deterministic_inference: bool = False
     # NOTE: torch's intra-op thread count is process-wide; the engine sets it only when this is
     # given (here or by SGL_LITE_NUM_THREADS through from_kwargs), and leaves it alone otherwise.
     num_threads: int | None = None

@@ -95,7 +95,11 @@ REGEXES = [
 def no_jump_engine():
     # float32 like the shared `engine`, whose greedy output it must equal
     eng = Engine(
-        num_threads=NUM_THREADS, max_total_tokens=8192, disable_jump_forward=True, dtype="float32"
+        num_threads=NUM_THREADS,
+        max_total_tokens=8192,
+        disable_jump_forward=True,
+        dtype="float32",
+        quantization="none",
     )
     yield eng
     eng.shutdown()

@@ -29,7 +29,11 @@ QUESTIONS = [
 def uncached_engine():
     # float32 like the shared `engine`: the two are compared token for token
     eng = Engine(
-        num_threads=NUM_THREADS, max_total_tokens=8192, disable_radix_cache=True, dtype="float32"
+        num_threads=NUM_THREADS,
+        max_total_tokens=8192,
+        disable_radix_cache=True,
+        dtype="float32",
+        quantization="none",
     )
     yield eng
     eng.shutdown()
@@ -135,7 +139,9 @@ def test_tiny_pool_with_eight_concurrent_long_prompts_finishes_and_matches(
     prompts = [f"Document {i}: " + " ".join(f"word{i}x{j}" for j in range(40)) for i in range(8)]
     params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
     expected = engine.generate(prompts, params)
-    small = Engine(num_threads=NUM_THREADS, max_total_tokens=300, dtype="float32")
+    small = Engine(
+        num_threads=NUM_THREADS, max_total_tokens=300, dtype="float32", quantization="none"
+    )
     try:
         start_free = small.get_server_info()["pool_free_tokens"]
         got = small.generate(prompts, params)

@@ -75,6 +75,7 @@ def engine(request) -> Iterator[Engine]:
         max_total_tokens=4096,
         grammar_backend=request.param,
         dtype="float32",
+        quantization="none",
     )
     assert eng.masks.overlap  # the default
     yield eng

@@ -1,8 +1,8 @@
-"""The fast path (`quantization="auto"`: the GGUF's int4 codes on every pass, float64
-attention) computes a token's K/V and logits to the same bits whichever pass computes it: one
-prefill, a cached prefix plus decode steps, or decode steps beside another request of a
-different length (padded attention). That is what keeps greedy output identical with the radix
-cache on and off."""
+"""The deterministic mode (`enable_deterministic_inference`: the GGUF's int4 codes on every
+pass, float64 attention) computes a token's K/V and logits to the same bits whichever pass
+computes it: one prefill, a cached prefix plus decode steps, or decode steps beside another
+request of a different length (padded attention). That is what keeps greedy output identical
+with the radix cache on and off."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ PROMPT_LEN, OTHER_LEN = 80, 37
 @pytest.fixture(scope="module")
 def auto_runner(smollm_folder) -> ModelRunner:
     runner = ModelRunner(
-        smollm_folder, EngineConfig(max_total_tokens=1024, device="cpu", quantization="auto")
+        smollm_folder,
+        EngineConfig(max_total_tokens=1024, device="cpu", enable_deterministic_inference=True),
     )
     assert runner.format.int_kind == "int4", runner.format.describe()
     return runner

@@ -70,7 +70,9 @@ def _save_folder(folder, model, state, tokenizer):
 
 
 def _prefill_logits(folder, ids: list[int]) -> torch.Tensor:
-    runner = ModelRunner(folder, EngineConfig(max_total_tokens=256, device="cpu"))
+    # dense weights only: the file's own codes would run the int kernels on a short pass
+    config = EngineConfig(max_total_tokens=256, device="cpu", quantization="none")
+    runner = ModelRunner(folder, config)
     slots = runner.pool.alloc(len(ids))
     seg = Segment(token_ids=ids, start=0, kv_slots=slots, logits_from=0)
     logits = runner.forward([seg]).logits
@@ -84,6 +86,7 @@ def _greedy(path, tokenizer, disable_radix_cache: bool) -> list[list[int]]:
         num_threads=NUM_THREADS,
         max_total_tokens=512,
         disable_radix_cache=disable_radix_cache,
+        enable_deterministic_inference=True,  # identity with the cache on and off is its promise
     ) as engine:
         outs = engine.generate(
             input_ids=[tokenizer.encode(p) for p in PROMPTS], sampling_params=GREEDY

@@ -179,8 +179,49 @@ def test_auto_picks_dense_bf16_only_where_the_cpu_has_a_bf16_gemm():
     fmt = resolve_format(
         dtype="auto", quantization="auto", device="cpu", caps=caps, file_kind="int4"
     )
-    # a quantized file: its kernels for every pass, float32 between them, float64 attention
+    # a quantized file, fast mode: its kernels for short passes, the dense GEMM for long ones
+    assert (fmt.int_kind, fmt.attn_dtype, fmt.deterministic) == ("int4", None, False)
+    assert fmt.runs_int(1) and not fmt.runs_int(4096)
+    fmt = resolve_format(
+        dtype="auto",
+        quantization="auto",
+        device="cpu",
+        caps=caps,
+        file_kind="int4",
+        deterministic=True,
+    )
+    # deterministic: its kernels for every pass, float32 between them, float64 attention
     assert (fmt.int_kind, fmt.dense_dtype, fmt.attn_dtype) == ("int4", torch.float32, torch.float64)
+    assert fmt.runs_int(1) and fmt.runs_int(4096)
+    # a float checkpoint in the deterministic mode runs float64 (the float32 GEMM is not
+    # row-invariant), and the settings that cannot keep the guarantee are refused by name
+    fmt = resolve_format(
+        dtype="auto",
+        quantization="auto",
+        device="cpu",
+        caps=caps,
+        file_kind=None,
+        deterministic=True,
+    )
+    assert (fmt.int_kind, fmt.dense_dtype) == (None, torch.float64)
+    with pytest.raises(ValueError, match="dtype=bfloat16"):
+        resolve_format(
+            dtype="bfloat16",
+            quantization="auto",
+            device="cpu",
+            caps=caps,
+            file_kind=None,
+            deterministic=True,
+        )
+    with pytest.raises(ValueError, match="CPU kernels only"):
+        resolve_format(
+            dtype="auto",
+            quantization="auto",
+            device="cuda",
+            caps=None,
+            file_kind=None,
+            deterministic=True,
+        )
 
 
 class _TinyRunner:
@@ -195,7 +236,7 @@ class _TinyRunner:
         model.load_hf_state_dict(hf.state_dict())
         int_kind = None
         if kind is not None:
-            pack_model(model, kind, {}).install(model)
+            pack_model(model, kind, {}).install(model, keep_dense=False)
             int_kind = kind
         runner = ModelRunner.__new__(ModelRunner)
         runner.model, runner.device = model, torch.device("cpu")
@@ -203,7 +244,12 @@ class _TinyRunner:
             num_layers=2, num_slots=256, num_kv_heads=2, head_dim=head_dim_of(self.CONFIG)
         )
         runner.format = resolve_format(
-            dtype="float32", quantization=kind or "none", device="cpu", caps=None, file_kind=None
+            dtype="float32",
+            quantization=kind or "none",
+            device="cpu",
+            caps=None,
+            file_kind=None,
+            deterministic=kind is not None,
         )
         assert runner.format.int_kind == int_kind
         for layer in model.layers:
@@ -226,35 +272,45 @@ def test_tiny_model_int_path_gives_the_same_bits_in_every_pass_shape_and_stays_n
 
 
 @pytest.mark.e2e  # runs SmolLM2 itself (no `engine` fixture tells the tier)
-def test_int_kernels_are_row_invariant_on_this_cpu_or_auto_runs_dense(smollm_folder):
-    """The int modes' cache on/off guarantee rests on the kernels' row invariance, checked at
-    load; `auto` keeps the kernels only where it holds."""
+def test_deterministic_mode_runs_int_kernels_only_where_they_are_row_invariant(smollm_folder):
+    """The deterministic mode's cache on/off guarantee rests on the kernels' row invariance,
+    checked at load; where it does not hold the mode is refused, naming the kernel."""
     torch.manual_seed(0)
     weight = torch.randn(96, 128) * 0.05
-    invariant = rows_invariant(quant.Int4Weight.from_float(weight))
-    runner = _runner(smollm_folder, quantization="auto")
-    assert (runner.format.int_kind == "int4") == invariant, runner.format.describe()
+    if rows_invariant(quant.Int4Weight.from_float(weight)):
+        runner = _runner(smollm_folder, enable_deterministic_inference=True)
+        assert runner.format.int_kind == "int4", runner.format.describe()
+        assert runner.format.int_max_rows is None  # every pass
+    else:
+        with pytest.raises(ValueError, match="int4 kernel"):
+            _runner(smollm_folder, enable_deterministic_inference=True)
 
 
 @pytest.mark.e2e  # runs SmolLM2 itself (no `engine` fixture tells the tier)
-def test_embedded_model_in_auto_matches_float32_top1_and_perplexity(
-    smollm_folder, smollm_tokenizer
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
+def test_embedded_model_matches_float32_top1_and_perplexity_in_both_modes(
+    smollm_folder, smollm_tokenizer, deterministic
 ):
+    """The default (fast) mode and the deterministic one, both on the file's Q4_1 codes, agree
+    with float32 on >= 63 of 64 next tokens and within 1 % of its perplexity, on the passes
+    that run the int kernels (decode) and on those that do not (a prefill, in the fast mode)."""
     reference = _runner(smollm_folder, dtype="float32", quantization="none")
-    auto = _runner(smollm_folder, quantization="auto")  # dtype auto by default
-    assert auto.format.int_kind == "int4", auto.format.describe()  # the file's own Q4_1
-    assert auto.format.dense_dtype == torch.float32
-    assert auto.model.layers[0].mlp.down_proj.weight.numel() == 0  # no dense copy is kept
+    ours_runner = _runner(smollm_folder, enable_deterministic_inference=deterministic)
+    fmt = ours_runner.format
+    assert fmt.int_kind == "int4", fmt.describe()  # the file's own Q4_1
+    kept = ours_runner.model.layers[0].mlp.down_proj.weight.numel() > 0
+    assert kept is not deterministic  # the fast mode keeps the dense weights for long passes
+    assert fmt.runs_int(1) and fmt.runs_int(64) is deterministic
 
     prompt = smollm_tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)[:64]
     ref = _logits(reference, prompt, chunk=64)
-    for chunk in (64, 1):  # prefill and decode, both on the int kernels
-        ours = _logits(auto, prompt, chunk)
-        agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
-        assert agree >= 62 / 64, f"chunk {chunk}: top-1 agreement {agree:.3f}"
+    for chunk in (64, 1):  # one prefill, then decode steps
+        ours = _logits(ours_runner, prompt, chunk)
+        agree = (ours.argmax(-1) == ref.argmax(-1)).sum().item()
+        assert agree >= 63, f"chunk {chunk}: top-1 agreement {agree}/64 ({fmt.describe()})"
 
     text = smollm_tokenizer.encode(PPL_TEXT)
     ppl_ref = _perplexity(_logits(reference, text, chunk=len(text)), text)
-    for chunk in (len(text), 16):  # one prefill; 16-token chunks
-        ppl = _perplexity(_logits(auto, text, chunk), text)
+    for chunk in (len(text), 1):  # one prefill; decode steps
+        ppl = _perplexity(_logits(ours_runner, text, chunk), text)
         assert abs(ppl / ppl_ref - 1) <= 0.01, f"chunk {chunk}: ppl {ppl:.3f} vs {ppl_ref:.3f}"

@@ -41,4 +41,8 @@ def engine_info(engine: Any) -> dict[str, Any]:
         "preemptions": scheduler.preemptions,
         "forward_passes": engine.forward_passes,
         "grammar_compiles": engine.builder.compile_stats,
+        # the mode, kernels and dtypes the runner chose, as its start-up line says them
+        "weight_format": fmt.describe()
+        if (fmt := getattr(engine.runner, "format", None))
+        else None,
     }

@@ -21,29 +21,16 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.kvcache.kv_pool import KVPool
 from sgl_lite.backend.runner.decode_graphs import DecodeGraphs
 from sgl_lite.backend.runner.decode_kv import DecodeKV, KVView
-from sgl_lite.backend.runner.model_loader import (
-    ModelLoadError,
-    gguf_source,
-    load_config,
-    load_state_dict,
-)
+from sgl_lite.backend.runner.model_loader import ModelLoadError, load_config, load_state_dict
 from sgl_lite.backend.runner.models import build_model, family_of
 from sgl_lite.backend.runner.models.llama import (
     Attention,
     AttentionGroup,
     AttentionMetadata,
-    LlamaForCausalLM,
     RotaryEmbedding,
     head_dim_of,
 )
-from sgl_lite.backend.runner.weights.cpu import cpu_caps, rows_invariant, time_packed
-from sgl_lite.backend.runner.weights.formats import (
-    WeightFormat,
-    resolve_dense_dtype,
-    resolve_format,
-)
-from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
-from sgl_lite.backend.runner.weights.packing import pack_model, shape_problem
+from sgl_lite.backend.runner.weights.choose import prepare_weights
 from sgl_lite.backend.types import ForwardOutput, Segment
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
@@ -66,7 +53,9 @@ class ModelRunner:
             model.load_hf_state_dict(state)
         except ModelLoadError as exc:  # it names the tensor; add the folder
             raise ModelLoadError(f"{model_folder}: {exc}") from exc
-        self.format, pack_note = self._pack(model, model_folder, config)
+        self.format, pack_note = prepare_weights(
+            model, model_folder, self.hf_config, config, self.device
+        )
         self.model = _placed(model, self.device, self.format.dense_dtype).eval()
         for module in self.model.modules():
             if isinstance(module, Attention):
@@ -93,56 +82,6 @@ class ModelRunner:
             pack_note,
             time.perf_counter() - started,
         )
-
-    def _pack(
-        self, model: LlamaForCausalLM, folder: Path, config: EngineConfig
-    ) -> tuple[WeightFormat, str]:
-        """Resolves dtype/quantization for this file and CPU and packs the linears to match."""
-        caps = cpu_caps() if self.device.type == "cpu" else None
-        quantized = {}
-        source = gguf_source(folder) if config.quantization in ("auto", "int4") else None
-        if source is not None and self.device.type == "cpu":
-            quantized = read_quantized(source, self.hf_config)
-        layer_bits = {w.bits for n, w in quantized.items() if n.startswith("model.layers.")}
-        file_kind = {4: "int4", 8: "int8"}.get(layer_bits.pop()) if len(layer_bits) == 1 else None
-        kind = config.quantization if config.quantization in ("int4", "int8") else file_kind
-        problem = shape_problem(model, kind) if kind and self.device.type == "cpu" else None
-        if problem and config.quantization == "auto":
-            file_kind, note = None, f"; int kernels skipped: {problem}"
-        elif problem:
-            raise ValueError(problem)
-        else:
-            note = ""
-        fmt = resolve_format(
-            dtype=config.dtype,
-            quantization=config.quantization,
-            device=self.device.type,
-            caps=caps,
-            file_kind=file_kind,
-        )
-        if fmt.int_kind is None:
-            return fmt, note
-        dense = resolve_dense_dtype(config.dtype, self.device.type, caps)  # if `auto` drops them
-        try:
-            packed = pack_model(model, fmt.int_kind, quantized)
-            pairs = packed.probe_pairs()
-            invariant = rows_invariant(pairs[0][0])
-            timing = time_packed(fmt.int_kind, pairs, fmt.dense_dtype)
-        except RuntimeError as exc:  # the kernel is missing or fails on this build/CPU
-            if config.quantization != "auto":
-                msg = f"quantization={config.quantization} cannot run here: {exc}"
-                raise ValueError(msg) from exc
-            return fmt.dense_only(*dense, f"{fmt.int_kind} kernel failed: {exc}"), note
-        if not invariant:
-            why = f"{fmt.int_kind} kernel results depend on the batch's other rows here"
-            if config.quantization == "auto":
-                return fmt.dense_only(*dense, f"{why}: cache on/off would differ"), note
-            logger.warning("%s: greedy output may differ with the cache on and off", why)
-        if config.quantization == "auto" and not timing.wins:
-            return fmt.dense_only(*dense, f"{timing.describe()}: dense is faster here"), note
-        packed.install(model)
-        note += f"; kernels row-invariant; {timing.describe()}; {packed.report.describe()}"
-        return fmt, note
 
     def forward(self, segments: list[Segment]) -> ForwardOutput:
         """Runs one pass over all segments; returns the requested logits rows of all of them."""
@@ -178,10 +117,11 @@ class ModelRunner:
         return ForwardOutput(logits, ranges)
 
     def _use_int(self, tokens: int) -> bool:
-        """Whether a pass over `tokens` rows runs the packed int kernels: every pass does in the
-        int modes, so a token's K/V is the same whichever pass computed it (see formats)."""
+        """Whether a pass over `tokens` rows runs the packed int kernels: every pass in the
+        deterministic mode, so a token's K/V is the same whichever pass computed it; short
+        passes in the fast mode (see formats)."""
         fmt = getattr(self, "format", None)  # absent on runners built around a bare model
-        return fmt is not None and fmt.int_kind is not None
+        return fmt is not None and fmt.runs_int(tokens)
 
     def _metadata(self, segments: list[Segment], use_int: bool = False) -> AttentionMetadata:
         dev = self.device

@@ -309,7 +309,7 @@ class LlamaForCausalLM(nn.Module):
         self.rope = RotaryEmbedding(config, head_dim_of(config), max_positions)
         self.embedding_multiplier = float(config.embedding_multiplier) if spec.multipliers else 1.0
         self.logits_scaling = float(config.logits_scaling) if spec.multipliers else 1.0
-        # A packed int8 copy of the LM head, for the int modes' passes (set by the runner).
+        # A packed 8-bit copy of the LM head, for the passes that run int kernels (the runner).
         self.head_packed: PackedWeight | None = None
 
     def make_layer(self, config: PretrainedConfig, layer_id: int, spec: DecoderSpec) -> nn.Module:
@@ -330,9 +330,10 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, use_int: bool = False) -> torch.Tensor:
-        """hidden: (N, hidden) → float32 logits (N, vocab); `head_packed` in the int modes."""
-        if self.head_packed is not None and use_int:
-            logits = self.head_packed.matmul(hidden.to(torch.bfloat16)).float()
+        """hidden: (N, hidden) → float32 logits (N, vocab); `head_packed` for int passes."""
+        packed = self.head_packed
+        if packed is not None and use_int:
+            logits = packed.matmul(hidden.to(packed.input_dtype)).float()
         else:
             head = self.lm_head  # None exactly when tied
             weight = self.embed_tokens.weight if head is None else head.weight

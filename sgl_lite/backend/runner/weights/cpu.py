@@ -48,78 +48,92 @@ def cpu_caps() -> CpuCaps:
 
 @dataclass(frozen=True)
 class KernelTiming:
-    """One batch-1 pass over a model's packed linears against the same pass dense, in ms."""
+    """One batch-1 pass over a model's linears on each candidate kernel and dense, in ms."""
 
     kind: str
-    int_ms: float
-    dense_ms: float
+    ms: dict[str, float]  # kernel name (or "dense") → best pass time
 
     @property
-    def wins(self) -> bool:
-        """The packed kernels are faster than the dense matmuls.
+    def fastest(self) -> str:
+        """The fastest candidate, "dense" included.
 
         Measured margins where the kernels are vectorised: 1.6x (AVX2, one thread) to 3x; where
         they are not (float activations, an ISA torch has no kernel for) they lose 12-27x. The
         probe only has to tell those apart, so no margin is asked for: a margin would make the
         choice flip with the load of a shared machine.
         """
-        return self.int_ms < self.dense_ms
+        return min(self.ms, key=self.ms.__getitem__)
+
+    @property
+    def wins(self) -> bool:
+        """Some packed kernel is faster than the dense matmuls."""
+        return self.fastest != "dense"
 
     def describe(self) -> str:
-        """`int4 3.1ms vs dense 9.8ms over 30 layers' gate_up at batch 1`."""
-        return f"{self.kind} {self.int_ms:.1f}ms vs dense {self.dense_ms:.1f}ms per probe pass"
+        """`int4 onnxruntime 1.2ms, torch 3.1ms vs dense 9.8ms per probe pass`."""
+        kernels = ", ".join(f"{k} {v:.1f}ms" for k, v in self.ms.items() if k != "dense")
+        return f"{self.kind} {kernels} vs dense {self.ms['dense']:.1f}ms per probe pass"
 
 
-def _best_of_each(
-    first: Callable[[], object], second: Callable[[], object], repeats: int
-) -> tuple[float, float]:
-    """Best times of two passes in ms, interleaved so both see the same load, in CPU time of
-    this thread: on a shared machine wall time counts the other processes' turns (a busy
-    machine once made the int4 pass look slower than dense and `auto` dropped it)."""
-    first(), second()  # the first call may allocate or pick a kernel
-    best = [float("inf"), float("inf")]
+def _best_of_each(passes: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Best time of each pass in ms, interleaved so all see the same load, in CPU time of
+    this process: on a shared machine wall time counts the other processes' turns (a busy
+    machine once made the int4 pass look slower than dense and `auto` dropped it); the
+    process's, not the thread's, because onnxruntime runs part of a pass on its own pool."""
+    for fn in passes.values():
+        fn()  # the first call may allocate or pick a kernel
+    best = dict.fromkeys(passes, float("inf"))
     for _ in range(repeats):
-        for i, fn in enumerate((first, second)):
-            start = time.thread_time()
+        for name, fn in passes.items():
+            start = time.process_time()
             fn()
-            best[i] = min(best[i], time.thread_time() - start)
-    return best[0] * 1e3, best[1] * 1e3
+            best[name] = min(best[name], time.process_time() - start)
+    return {name: seconds * 1e3 for name, seconds in best.items()}
 
 
-def time_packed(
+def time_kernels(
     kind: str,
-    pairs: list[tuple[quant.PackedWeight, torch.Tensor]],
+    candidates: dict[str, list[quant.PackedWeight]],
+    dense_weights: list[torch.Tensor],
     dense: torch.dtype,
     repeats: int = 7,
+    rows: int = 1,
 ) -> KernelTiming:
-    """Times one batch-1 pass over the model's own (packed, dense) weights, each way.
+    """Times one pass of `rows` rows over the model's own weights on each kernel and dense.
 
     The model's weights, not a toy matrix: a single matrix sits in the L2/L3 cache, where a
     dense float32 GEMV looks as fast as the int kernel; a decode step streams every weight from
     memory, and so does a pass over all of them. One thread, timed in CPU time: a
     multi-threaded timing on a busy machine measures the other processes (OpenMP waits for its
     slowest thread), not the kernel.
-    Raises RuntimeError if the kernel fails.
+    Raises RuntimeError (or onnxruntime's error) if a kernel fails.
     """
-    width = pairs[0][1].shape[1]
-    x = torch.randn(1, width)
-    xb, xd = x.bfloat16(), x.to(dense)
-    weights = (
-        [w.to(dense) for _, w in pairs] if dense is not torch.float32 else [w for _, w in pairs]
-    )
+    width = dense_weights[0].shape[1]
+    x = torch.randn(rows, width)
+    weights = [w.to(dense) for w in dense_weights] if dense is not torch.float32 else dense_weights
+    xd = x.to(dense)
 
-    def packed_pass() -> None:
-        for packed, _ in pairs:
-            packed.matmul(xb)
+    def packed_pass(packed: list[quant.PackedWeight]) -> Callable[[], None]:
+        inputs = {p.input_dtype: x.to(p.input_dtype) for p in packed}
+
+        def run() -> None:
+            for p in packed:
+                p.matmul(inputs[p.input_dtype])
+
+        return run
 
     def dense_pass() -> None:
         for w in weights:
             F.linear(xd, w)
 
+    passes: dict[str, Callable[[], object]] = {
+        name: packed_pass(packed) for name, packed in candidates.items()
+    }
+    passes["dense"] = dense_pass
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return KernelTiming(kind, *_best_of_each(packed_pass, dense_pass, repeats))
+        return KernelTiming(kind, _best_of_each(passes, repeats))
     finally:
         torch.set_num_threads(threads)
 
@@ -133,7 +147,7 @@ def rows_invariant(packed: quant.PackedWeight, rows: int = 40) -> bool:
     Checked in split batches too (1, then rows - 1), the shapes of a decode beside a prefill.
     """
     x = torch.randn(rows, packed.shape[1], generator=torch.Generator().manual_seed(0))
-    x = x.bfloat16()
+    x = x.to(packed.input_dtype)
     whole = packed.matmul(x)
     alone = torch.cat([packed.matmul(x[i : i + 1]) for i in range(rows)])
     split = torch.cat([packed.matmul(x[:1]), packed.matmul(x[1:])])

@@ -42,22 +42,23 @@ class Linear(nn.Linear):
 
     def run(self, x: torch.Tensor, use_int: bool, cast_back: bool = True) -> torch.Tensor:
         """x (T, in) → (T, out) in the model's activation dtype (its weights' dtype): the packed
-        kernel when the pass asks for it.
+        kernel when the pass asks for it, the dense GEMM otherwise.
 
-        With a packed copy the dense weight is gone (see packing), so every pass of such a
-        model runs the kernel; `use_int` says so per pass. The kernel takes and returns bf16:
-        that cast of the input is the one rounding the int path adds. `cast_back=False` leaves
-        the kernel's bf16 output as it is, for a caller whose next op mixes it with a float32
-        operand: type promotion then widens it inside that op, to the same bits as a cast
-        first, and a step saves one op per linear (~1 % at batch 1).
+        In the deterministic mode the dense weight is gone once a packed copy is installed (see
+        packing), so every pass runs the kernel. The kernel takes its own input dtype (bf16 for
+        torch's, float32 for onnxruntime's): that cast of the input is the one rounding the int
+        path adds. `cast_back=False` leaves the kernel's output in its dtype, for a caller
+        whose next op mixes it with an operand of the activation dtype: type promotion then
+        widens it inside that op, to the same bits as a cast first, and a step saves one op
+        per linear (~1 % at batch 1).
         """
-        if self.packed is None:
+        packed = self.packed
+        if packed is None or not use_int:
+            if self.weight.numel() == 0:
+                raise RuntimeError("a packed linear has no dense weight; run the pass with use_int")
             return dense_linear(x, self.weight, self.bias)
-        if not use_int:
-            raise RuntimeError("a packed linear has no dense weight; run the pass with use_int")
-        if x.dtype is not torch.bfloat16:
-            x = x.to(torch.bfloat16)
-        out = self.packed.matmul(x)
+        kernel_dtype = packed.input_dtype
+        out = packed.matmul(x if x.dtype is kernel_dtype else x.to(kernel_dtype))
         if self.bias is not None:
-            return out + self.bias  # the float bias promotes the sum: no cast needed
-        return out.to(self.weight.dtype) if cast_back else out
+            out = out + self.bias  # the float bias promotes a bf16 sum
+        return out if not cast_back or out.dtype is self.weight.dtype else out.to(self.weight.dtype)

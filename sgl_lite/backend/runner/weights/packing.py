@@ -2,9 +2,11 @@
 so nothing packed is ever written to disk).
 
 Each decoder linear gets a packed copy (the file's own 4-bit codes where it has them, our
-round-to-nearest codes otherwise) and the LM head an int8 copy. Once installed, the kernels run
-every pass (see formats), so the dense float weights of the linears are freed: the model then
-holds the packed bytes, the embedding and the norms.
+round-to-nearest codes otherwise) and the LM head an 8-bit copy. Two kernels take them:
+torch's int4pack/int8pack (`quant`) and onnxruntime's MatMulNBits (`ort_nbits`, which keeps the
+file's Q8_0 head codes exactly where torch's int8 kernel requantizes them per row). In the
+deterministic mode the kernels run every pass, so `install` frees the dense float weights; in
+the fast mode long passes still run them, so they stay.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sgl_lite.backend.runner.weights import ort_nbits
 from sgl_lite.backend.runner.weights.linear import Linear
 from sgl_lite.backend.runner.weights.quant import (
     GroupAffine,
@@ -27,6 +30,9 @@ from sgl_lite.backend.runner.weights.quant import (
 )
 
 # Fused linear of our model → the transformers weights it stacks, in order.
+KERNELS = ("torch", "onnxruntime")
+HEAD = "model.embed_tokens.weight"  # a tied head's own codes; an untied one is lm_head's
+
 FUSED_PARTS = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "self_attn.o_proj": ("self_attn.o_proj",),
@@ -45,11 +51,12 @@ class PackReport:
     from_file: int  # linears packed from the file's own codes (no requantisation)
     total: int
 
-    def describe(self) -> str:
+    def describe(self, kept_dense: bool = False) -> str:
         """One phrase for the start-up line."""
+        where = "beside" if kept_dense else "in place of"
         return (
             f"packed {self.total} linears ({self.from_file} from the file's codes) in "
-            f"{self.seconds:.1f}s: {self.packed_bytes / 2**20:.0f} MB packed in place of "
+            f"{self.seconds:.1f}s: {self.packed_bytes / 2**20:.0f} MB packed {where} "
             f"{self.dense_bytes / 2**20:.0f} MB of float32 linears"
         )
 
@@ -72,19 +79,39 @@ def shape_problem(model: Any, kind: str) -> str | None:
 
 
 def _nbytes(packed: PackedWeight) -> int:
-    tensors = (
-        (packed.packed, packed.scale_zeros)
-        if isinstance(packed, Int4Weight)
-        else (packed.q, packed.scales)
-    )
+    if isinstance(packed, ort_nbits.OrtNBitsWeight):
+        n, k = packed.shape
+        return n * k * packed.bits // 8 + n * (k // 32) * 5  # codes, scales, zero points
+    if isinstance(packed, Int4Weight):
+        tensors = (packed.packed, packed.scale_zeros)
+    elif isinstance(packed, Int8Weight):
+        tensors = (packed.q, packed.scales)
+    else:
+        raise TypeError(f"unknown packed weight {type(packed).__name__}")
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _pack_one(weight: torch.Tensor, kind: str, affine: GroupAffine | None) -> PackedWeight:
-    """`weight` packed for `kind`; int4 from the file's codes `affine` when given."""
+def _pack_one(
+    weight: torch.Tensor, kind: str, affine: GroupAffine | None, kernel: str, threads: int
+) -> PackedWeight:
+    """`weight` packed for `kind` on `kernel`; from the file's codes `affine` when given."""
+    if kernel == "onnxruntime":
+        if affine is None:
+            affine = affine_int4(weight) if kind == "int4" else _affine_int8(weight)
+        return ort_nbits.OrtNBitsWeight.from_affine(affine, threads)
     if kind == "int8":
         return Int8Weight.from_float(weight)
     return Int4Weight.from_affine(affine if affine is not None else affine_int4(weight))
+
+
+def _affine_int8(weight: torch.Tensor) -> GroupAffine:
+    """Symmetric 8-bit codes per group of 32 (Q8_0's rule), for a float matrix."""
+    n, k = weight.shape
+    check_shape("int8", n, k)
+    groups = weight.float().view(n, k // 32, 32)
+    scale = (groups.abs().amax(-1) / 127).clamp(min=1e-12)
+    q = (groups / scale[..., None]).round().clamp(-127, 127).to(torch.int8)
+    return GroupAffine(q.view(n, k), scale, torch.zeros_like(scale), bits=8)
 
 
 @dataclass
@@ -92,12 +119,13 @@ class PackedModel:
     """Packed copies of a model's linears, not yet installed (so a failed probe changes nothing)."""
 
     linears: list[tuple[Linear, PackedWeight]]
-    head: Int8Weight
+    head: PackedWeight | None  # None: the head stays dense
     report: PackReport
+    kernel: str
 
     def probe_pairs(self) -> list[tuple[PackedWeight, torch.Tensor]]:
-        """(packed, dense) of every layer's largest linear, for `time_packed` (before install:
-        the dense weights are still there)."""
+        """(packed, dense) of every layer's largest linear, for timing the kernels (before
+        install: the dense weights are still there)."""
         widest = max(linear.in_features * linear.out_features for linear, _ in self.linears[:4])
         return [
             (packed, linear.weight.detach())
@@ -105,44 +133,86 @@ class PackedModel:
             if linear.in_features * linear.out_features == widest
         ]
 
-    def install(self, model: Any) -> None:
-        """Gives each linear (and the head) its packed copy and frees the dense weights."""
+    def install(self, model: Any, keep_dense: bool) -> None:
+        """Gives each linear (and the head) its packed copy; frees the dense weights unless
+        `keep_dense` (the fast mode's long passes run them)."""
         for linear, packed in self.linears:
             linear.packed = packed
-            # An empty weight, not None: `.to(dtype)` and state listings keep working.
-            linear.weight = nn.Parameter(torch.empty(0, linear.in_features), requires_grad=False)
+            if not keep_dense:
+                # An empty weight, not None: `.to(dtype)` and state listings keep working.
+                linear.weight = nn.Parameter(
+                    torch.empty(0, linear.in_features), requires_grad=False
+                )
         model.head_packed = self.head
-        if model.lm_head is not None:  # untied: the head's own dense copy goes too
+        if model.lm_head is not None and not keep_dense:  # untied: its dense copy goes too
             model.lm_head.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
 
-def pack_model(model: Any, kind: str, quantized: dict[str, GroupAffine]) -> PackedModel:
-    """Packs every decoder linear and the LM head for `kind` (see the module doc).
+def pack_model(
+    model: Any,
+    kind: str,
+    quantized: dict[str, GroupAffine],
+    kernel: str = "torch",
+    threads: int = 1,
+    widest_only: bool = False,
+    head_kernel: str | None = "same",
+    reuse: PackedModel | None = None,
+) -> PackedModel:
+    """Packs every decoder linear and the LM head for `kind` on `kernel` (see the module doc).
 
     `quantized` holds the file's own codes by transformers name (empty for a float checkpoint);
-    4-bit codes are packed exactly for int4, anything else is quantized from the float weight.
-    Raises RuntimeError if torch's packing op fails on this build.
+    4-bit codes are packed exactly for int4 (8-bit codes, the head's among them, exactly on
+    onnxruntime), anything else is quantized from the float weight. `widest_only` packs just
+    each layer's largest linear, for timing the kernels against each other before packing all.
+    `head_kernel` packs the LM head for another kernel ("same": `kernel`; None: the head stays
+    dense). `reuse` is an earlier probe's packing on the same kernels: its linears (and its
+    head) are taken as they are. Raises RuntimeError if a kernel's packing fails on this build.
     """
+    head_kernel = kernel if head_kernel == "same" else head_kernel
+    for name in (kernel, head_kernel or kernel):
+        if name not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {name!r}")
     start = time.perf_counter()
     packed_bytes = dense_bytes = from_file = 0
     linears = []
+    done = {id(linear): packed for linear, packed in reuse.linears} if reuse else {}
+    widest = max(linear.in_features * linear.out_features for _, _, linear in _linears(model))
     for i, name, linear in _linears(model):
+        if widest_only and linear.in_features * linear.out_features != widest:
+            continue
         parts = [quantized.get(f"model.layers.{i}.{p}.weight") for p in FUSED_PARTS[name]]
         affine = None
-        if kind == "int4" and all(p is not None and p.bits == 4 for p in parts):
+        # torch's int8 kernel has one scale per row, so only int4 (and onnxruntime's 8-bit
+        # kernel, blocks of 32 like Q8_0) take the file's codes as they are.
+        bits = {"int4": 4, "int8": 8}[kind]
+        exact = kind == "int4" or kernel == "onnxruntime"
+        if exact and all(p is not None and p.bits == bits for p in parts):
             affine = GroupAffine.cat(parts)  # type: ignore[arg-type]
             from_file += 1
-        packed = _pack_one(linear.weight.detach(), kind, affine)
+        packed = done.get(id(linear)) or _pack_one(
+            linear.weight.detach(), kind, affine, kernel, threads
+        )
         linears.append((linear, packed))
         packed_bytes += _nbytes(packed)
         dense_bytes += linear.weight.numel() * 4  # float32 until the model is cast
     source = model.embed_tokens.weight if model.tied else model.lm_head.weight
     if not model.tied:
         dense_bytes += source.numel() * 4
-    # The head stays int8 even in int4 mode: GGUF files keep it at 8 bits or finer.
-    head = Int8Weight.from_float(source.detach())
-    packed_bytes += _nbytes(head)
+    # The head stays 8-bit even in int4 mode: GGUF files keep it at 8 bits or finer.
+    head_codes = quantized.get(HEAD if model.tied else "lm_head.weight")
+    head: PackedWeight | None = None
+    if reuse is not None and reuse.head is not None and reuse.kernel == head_kernel:
+        head = reuse.head
+    elif head_kernel == "onnxruntime":
+        exact = head_codes is not None and head_codes.bits == 8
+        head = ort_nbits.OrtNBitsWeight.from_affine(
+            head_codes if exact and head_codes else _affine_int8(source.detach()), threads
+        )
+    elif head_kernel == "torch":
+        head = Int8Weight.from_float(source.detach())
+    if head is not None:
+        packed_bytes += _nbytes(head)
     report = PackReport(
         time.perf_counter() - start, packed_bytes, dense_bytes, from_file, len(linears)
     )
-    return PackedModel(linears, head, report)
+    return PackedModel(linears, head, report, kernel)

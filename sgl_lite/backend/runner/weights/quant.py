@@ -13,6 +13,7 @@ Both kernels are vectorised only for bf16 activations and return bf16.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -80,6 +81,7 @@ class Int4Weight:
     packed: torch.Tensor
     scale_zeros: torch.Tensor  # (K // GROUP, N, 2) bf16: per group scale and zero
     shape: tuple[int, int]
+    input_dtype = torch.bfloat16  # the kernel is vectorised for bf16 activations only
 
     @classmethod
     def from_affine(cls, w: GroupAffine) -> Int4Weight:
@@ -119,6 +121,7 @@ class Int8Weight:
 
     q: torch.Tensor  # (N, K) int8
     scales: torch.Tensor  # (N,) bf16
+    input_dtype = torch.bfloat16
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> Int8Weight:
@@ -145,7 +148,23 @@ class Int8Weight:
         return rows, cols
 
 
-PackedWeight = Int4Weight | Int8Weight
+class PackedWeight(Protocol):
+    """What a linear needs of a packed matrix (torch's kernels here, onnxruntime's in
+    ort_nbits): its (out, in) shape, the activation dtype its kernel takes, and the product."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out_features, in_features)."""
+        ...
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype `matmul` takes and returns."""
+        ...
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, in) → (T, out), both in `input_dtype`."""
+        ...
 
 
 def affine_int4(weight: torch.Tensor) -> GroupAffine:
@@ -159,7 +178,7 @@ def affine_int4(weight: torch.Tensor) -> GroupAffine:
     return GroupAffine(q.view(n, k), scale, low, bits=4)
 
 
-def quantize(weight: torch.Tensor, kind: str) -> PackedWeight:
+def quantize(weight: torch.Tensor, kind: str) -> Int4Weight | Int8Weight:
     """A float matrix (N, K) packed for the `kind` kernel."""
     if kind == "int4":
         return Int4Weight.from_float(weight)

@@ -1,0 +1,255 @@
+"""Chooses and installs a loaded model's weight format: the mode, the int kernel, the dtype.
+
+`prepare_weights` is the runner's one call at load. It resolves the settings (formats), reads
+the file's own quantized codes, packs the linears for each candidate kernel, checks and times
+them on this CPU, and installs the winner; every fallback is logged with its reason, and only
+an explicit request that cannot run here raises.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+from transformers import PretrainedConfig
+
+from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.runner.model_loader import gguf_source
+from sgl_lite.backend.runner.weights import ort_nbits
+from sgl_lite.backend.runner.weights.cpu import CpuCaps, cpu_caps, rows_invariant, time_kernels
+from sgl_lite.backend.runner.weights.formats import (
+    WeightFormat,
+    resolve_dense_dtype,
+    resolve_format,
+)
+from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
+from sgl_lite.backend.runner.weights.packing import PackedModel, pack_model, shape_problem
+from sgl_lite.backend.runner.weights.quant import GroupAffine
+
+if TYPE_CHECKING:
+    from sgl_lite.backend.runner.models.llama import LlamaForCausalLM
+
+logger = logging.getLogger("sgl_lite")
+
+# A kernel whose batch-1 output parts from the dense product by more than this (relative
+# norm) is broken on this build, not merely rounding (measured: 5e-3 for MatMulNBits with int8
+# activations, 3e-3 for torch's int4 kernel with bf16 ones).
+MAX_KERNEL_ERROR = 0.05
+
+
+def prepare_weights(
+    model: LlamaForCausalLM,
+    folder: Path,
+    hf_config: PretrainedConfig,
+    config: EngineConfig,
+    device: torch.device,
+) -> tuple[WeightFormat, str]:
+    """Resolves the format for this file and machine, packs and installs the int kernels it
+    uses; returns the format and a note for the start-up line. Raises ValueError for settings
+    that cannot run here (an explicit quantization, or the deterministic mode's guarantee)."""
+    on_cpu = device.type == "cpu"
+    caps = cpu_caps() if on_cpu else None
+    quantized: dict[str, GroupAffine] = {}
+    source = gguf_source(folder) if config.quantization in ("auto", "int4") else None
+    if source is not None and on_cpu:
+        quantized = read_quantized(source, hf_config)
+    layer_bits = {w.bits for n, w in quantized.items() if n.startswith("model.layers.")}
+    file_kind = {4: "int4", 8: "int8"}.get(layer_bits.pop()) if len(layer_bits) == 1 else None
+    kind = config.quantization if config.quantization in ("int4", "int8") else file_kind
+    problem = shape_problem(model, kind) if kind and on_cpu else None
+    note = ""
+    if problem and config.quantization == "auto":
+        file_kind, note = None, f"; int kernels skipped: {problem}"
+    elif problem:
+        raise ValueError(problem)
+    deterministic = config.enable_deterministic_inference
+    fmt = resolve_format(
+        dtype=config.dtype,
+        quantization=config.quantization,
+        device=device.type,
+        caps=caps,
+        file_kind=file_kind,
+        deterministic=deterministic,
+    )
+    if fmt.int_kind is None:
+        return fmt, note
+    threads = config.num_threads or torch.get_num_threads()
+    if deterministic:
+        return _install_deterministic(model, fmt, quantized, config, note)
+    key = (str(folder), kind, config.dtype, config.quantization, threads)
+    return _install_fast(model, fmt, quantized, config, caps, threads, note, key)
+
+
+def _install_deterministic(
+    model: LlamaForCausalLM,
+    fmt: WeightFormat,
+    quantized: dict[str, GroupAffine],
+    config: EngineConfig,
+    note: str,
+) -> tuple[WeightFormat, str]:
+    """torch's int kernels on every pass, checked row-invariant; the dense weights freed."""
+    kind = fmt.int_kind
+    assert kind is not None
+    try:
+        packed = pack_model(model, kind, quantized, "torch")
+        invariant = rows_invariant(packed.probe_pairs()[0][0])
+    except RuntimeError as exc:  # the kernel is missing or fails on this build/CPU
+        if config.quantization != "auto":
+            raise ValueError(f"quantization={config.quantization} cannot run here: {exc}") from exc
+        dense = WeightFormat(torch.float64, None, "", deterministic=True)
+        return dense.dense_only(torch.float64, "float64 throughout", f"kernel failed: {exc}"), note
+    if not invariant:
+        raise ValueError(
+            f"enable_deterministic_inference cannot keep its guarantee here: torch's {kind} "
+            "kernel gives a row other bits alone than in a batch on this CPU; run without it"
+        )
+    packed.install(model, keep_dense=False)
+    return fmt, f"{note}; kernels row-invariant; {packed.report.describe()}"
+
+
+class KernelChoice(NamedTuple):
+    """What the fast mode's probes chose on this machine, and the timings behind it."""
+
+    kernel: str  # the layers' int kernel
+    head_kernel: str | None  # the head's (None: dense)
+    max_rows: int  # passes up to this many rows run the int kernels
+    why: str
+    dense_dtype: torch.dtype
+
+
+# Probes and timings are per machine and per process: a second engine on the same file and
+# settings in this process (tests, a server's restart of its engine) reuses the choice
+# instead of timing again. Nothing is written to disk (the CPU may differ next time).
+_CHOICES: dict[tuple[object, ...], KernelChoice] = {}
+
+
+def _install_fast(
+    model: LlamaForCausalLM,
+    fmt: WeightFormat,
+    quantized: dict[str, GroupAffine],
+    config: EngineConfig,
+    caps: CpuCaps | None,
+    threads: int,
+    note: str,
+    key: tuple[object, ...],
+) -> tuple[WeightFormat, str]:
+    """The fastest int kernel for the layers and, apart, for the head, on the passes where it
+    beats the dense GEMM; the dense weights stay for the longer passes."""
+    kind = fmt.int_kind
+    assert kind is not None
+    choice, probe, head = _CHOICES.get(key), None, None
+    if choice is None:
+        probes: dict[str, PackedModel] = {}
+        for kernel in ("onnxruntime", "torch"):
+            why = _probe(model, kind, quantized, kernel, threads, probes)
+            if why:
+                logger.info("sgl_lite weights: %s kernel not used: %s", kernel, why)
+                note += f"; {kernel} kernel not used: {why}"
+        found = _choose(model, fmt, probes, config)
+        if isinstance(found, str):
+            if config.quantization != "auto":
+                raise ValueError(f"quantization={config.quantization} cannot run here: {found}")
+            dense, dense_reason = resolve_dense_dtype(config.dtype, "cpu", caps)
+            return fmt.dense_only(dense, dense_reason, found), note
+        choice = _CHOICES[key] = found
+        probe = probes[choice.kernel]
+        head = probes[choice.head_kernel].head if choice.head_kernel else None
+    head_kernel = None if head is not None else choice.head_kernel
+    full = pack_model(
+        model, kind, quantized, choice.kernel, threads, head_kernel=head_kernel, reuse=probe
+    )
+    full.head = head or full.head
+    full.install(model, keep_dense=True)
+    fmt = replace(fmt, int_max_rows=choice.max_rows, dense_dtype=choice.dense_dtype)
+    return fmt.with_kernel(choice.kernel, choice.why), f"{note}; {full.report.describe(True)}"
+
+
+def _choose(
+    model: LlamaForCausalLM,
+    fmt: WeightFormat,
+    probes: dict[str, PackedModel],
+    config: EngineConfig,
+) -> KernelChoice | str:
+    """Times the probed kernels against the dense GEMM: the choice, or why none is used."""
+    if not probes:
+        return "no int kernel runs here"
+    dense_layers = [w for _, w in next(iter(probes.values())).probe_pairs()]
+    layers = time_kernels(
+        fmt.int_kind or "int",
+        {name: [p for p, _ in packed.probe_pairs()] for name, packed in probes.items()},
+        dense_layers,
+        fmt.dense_dtype,
+    )
+    if config.quantization == "auto" and not layers.wins:
+        return f"{layers.describe()}: dense is faster"
+    kernel = min(probes, key=layers.ms.__getitem__)
+    head_source = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    heads = {name: packed.head for name, packed in probes.items() if packed.head is not None}
+    head = time_kernels(
+        "8-bit head",
+        {name: [packed] for name, packed in heads.items()},
+        [head_source.detach()],
+        fmt.dense_dtype,
+        repeats=3,
+    )
+    dense = fmt.dense_dtype
+    if kernel == "onnxruntime" and config.dtype == "auto":
+        # Its kernel takes float32: float32 activations need no cast around each linear.
+        dense = torch.float32
+    why = f"layers: {layers.describe()}; head: {head.describe()}"
+    head_kernel = head.fastest if head.wins else None
+    return KernelChoice(kernel, head_kernel, _crossover(probes[kernel], dense), why, dense)
+
+
+# Row counts at which the fast mode compares the int kernel with the dense GEMM at load.
+CROSSOVER_ROWS = (2, 4, 8, 16, 32, 64)
+
+
+def _crossover(probe: PackedModel, dense: torch.dtype) -> int:
+    """The most rows for which the packed kernel still beats the dense GEMM on this CPU (the
+    fast mode's `int_max_rows`), over ten layers' widest linears: at 1 row it streams a
+    quarter of the bytes, while from some batch on the dense GEMM's arithmetic wins."""
+    pairs = probe.probe_pairs()[:10]
+    packed = [p for p, _ in pairs]
+    dense_weights = [w for _, w in pairs]
+    best = 1
+    for rows in CROSSOVER_ROWS:
+        timing = time_kernels(
+            "int", {probe.kernel: packed}, dense_weights, dense, repeats=3, rows=rows
+        )
+        if not timing.wins:
+            break
+        best = rows
+    return best
+
+
+def _probe(
+    model: LlamaForCausalLM,
+    kind: str,
+    quantized: dict[str, GroupAffine],
+    kernel: str,
+    threads: int,
+    probes: dict[str, PackedModel],
+) -> str | None:
+    """Packs each layer's widest linear for `kernel` and checks it against the dense product;
+    adds it to `probes`, or returns why the kernel cannot be used."""
+    if kernel == "onnxruntime":
+        missing = ort_nbits.available()
+        if missing:
+            return missing
+    try:
+        packed = pack_model(model, kind, quantized, kernel, threads, widest_only=True)
+        weight, dense = packed.probe_pairs()[0]
+        x = torch.randn(2, dense.shape[1], generator=torch.Generator().manual_seed(0))
+        got = weight.matmul(x.to(weight.input_dtype)).float()
+        want = x @ dense.float().t()
+        error = float((got - want).norm() / want.norm())
+    except Exception as exc:  # onnxruntime raises its own types; any failure means fall back
+        return f"{type(exc).__name__}: {exc}"
+    if not error < MAX_KERNEL_ERROR:
+        return f"its product is off by {error:.1%} from the dense one on this build"
+    probes[kernel] = packed
+    return None

@@ -1,0 +1,48 @@
+"""The two inference modes on the embedded SmolLM2 (its GGUF's own Q4_1 codes): the default
+fast mode repeats itself for the same request and passes, and the deterministic mode gives the
+same greedy tokens with the radix cache cold and warm, alone and batched, and says so in its
+server info. Their agreement with float32 is in tests/model/test_weight_formats.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from sgl_lite.backend.engine import Engine
+from tests.support import NUM_THREADS
+from tests.support.smollm import chat_prompt
+
+pytestmark = pytest.mark.e2e
+
+GREEDY = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
+SHARED = "You are a careful assistant who answers in one short sentence. "
+QUESTIONS = ["Why is the sky blue?", "What does a CPU do?", "Name a primary color."]
+
+
+def _prompts(tokenizer) -> list[str]:
+    return [chat_prompt(tokenizer, SHARED + q) for q in QUESTIONS]
+
+
+def test_the_fast_default_repeats_a_request_token_for_token(smollm_tokenizer):
+    prompts = _prompts(smollm_tokenizer)
+    with Engine(num_threads=NUM_THREADS, max_total_tokens=4096) as engine:
+        fmt = engine.runner.format
+        assert not fmt.deterministic and fmt.int_kind == "int4", fmt.describe()
+        first = engine.generate(prompts[0], GREEDY)["output_ids"]
+        assert engine.flush_cache()
+        again = engine.generate(prompts[0], GREEDY)["output_ids"]
+    assert again == first
+
+
+def test_the_deterministic_mode_is_identical_cold_warm_alone_and_batched(smollm_tokenizer):
+    prompts = _prompts(smollm_tokenizer)
+    with Engine(
+        num_threads=NUM_THREADS, max_total_tokens=4096, enable_deterministic_inference=True
+    ) as engine:
+        assert engine.runner.format.deterministic
+        assert engine.get_server_info()["enable_deterministic_inference"] is True
+        cold = [engine.generate(p, GREEDY)["output_ids"] for p in prompts]  # shared prefix cached
+        warm = [engine.generate(p, GREEDY)["output_ids"] for p in prompts]  # whole prompt cached
+        assert engine.flush_cache()
+        batched = [o["output_ids"] for o in engine.generate(prompts, GREEDY)]
+    assert warm == cold
+    assert batched == cold
