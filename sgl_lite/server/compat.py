@@ -211,7 +211,6 @@ CHAT_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "store": ((None, False), "completions are not stored"),
     "service_tier": ((None, "auto", "default"), "there are no service tiers"),
     # SGLang / vLLM extensions that sglang-router sends with their defaults
-    "continue_final_message": ((None, False), "continuing the last message is not implemented"),
     "return_hidden_states": ((None, False), "hidden states are not returned"),
 }
 COMPLETION_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {

@@ -203,6 +203,10 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    # vLLM's and SGLang's response prefill: the last (assistant) message is continued, not
+    # closed; `add_generation_prompt` then defaults to false, and true with it is a 400
+    continue_final_message: StrictBool = False
+    add_generation_prompt: StrictBool | None = None
     # vLLM's and SGLang's extension: extra variables for the chat template
     chat_template_kwargs: dict[str, Any] | None = Field(
         None,
