@@ -254,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a .jinja/.json file, Jinja source, or a template name (chatml, llama-3-instruct...)",
     )
+    p.add_argument(
+        "--enable-custom-logit-processor",
+        action="store_true",
+        help="accept requests' custom_logit_processor (SGLang's dill-pickled class: code this "
+        "server runs; needs the dill package)",
+    )
     ignored = p.add_argument_group(
         "SGLang flags accepted and ignored",
         "Tuning knobs with nothing to tune on this engine; each one given is logged at start-up.",
@@ -369,7 +375,12 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = {
         name: getattr(args, name) for name in _ENGINE_FLAGS if getattr(args, name) is not None
     }
-    for flag in ("disable_radix_cache", "disable_jump_forward", "trust_remote_code"):
+    for flag in (
+        "disable_radix_cache",
+        "disable_jump_forward",
+        "trust_remote_code",
+        "enable_custom_logit_processor",
+    ):
         if getattr(args, flag):
             kwargs[flag] = True
     if args.disable_overlap_masks:

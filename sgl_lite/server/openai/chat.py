@@ -95,6 +95,7 @@ def add_chat_routes(
             return_text_in_logprobs=True,
             overload_status=429,
             timeout=req.timeout,
+            custom_logit_processor=req.custom_logit_processor,
         )
         reply = _Reply("chatcmpl", "chat.completion", served_model_name, req.n)
         include_usage = req.stream_options and req.stream_options.include_usage
