@@ -5,6 +5,7 @@ refusals (flag off, bad string, no dill) as 400s over HTTP with the field named.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import pickle
@@ -48,6 +49,17 @@ class Alphabet(sgl_lite.CustomLogitProcessor):
             assert req.origin_input_ids and isinstance(req.rid, str)
             out[i, ord("a") + len(req.output_ids)] = 0.0
         return out
+
+
+class Counts(sgl_lite.CustomLogitProcessor):
+    """Keeps a step count in its request's dict (the same dict every step, as in SGLang)."""
+
+    def __call__(self, logits, custom_param_list=None):
+        for i, params in enumerate(custom_param_list):
+            params["steps"] = params.get("steps", 0) + 1
+            logits[i, :] = -float("inf")
+            logits[i, params["first"] + params["steps"] - 1] = 0.0
+        return logits
 
 
 class Raises(sgl_lite.CustomLogitProcessor):
@@ -124,6 +136,15 @@ def test_n_samples_each_get_the_processor(engine):
 def test_the_req_view_shows_the_output_so_far(engine):
     out = engine.generate("hello", GREEDY, custom_logit_processor=Alphabet.to_str())
     assert out["text"] == "abcd"
+
+
+def test_a_requests_params_dict_persists_across_its_steps_and_is_its_own(engine):
+    params = {**GREEDY, "n": 2, "custom_params": {"first": ord("p")}}
+    out = engine.generate(["x", "y"], [params, params], custom_logit_processor=Counts.to_str())
+    assert [o["text"] for o in out] == ["pqrs"] * 4  # each of the 4 requests counted alone
+    assert params["custom_params"] == {"first": ord("p")}  # the caller's dict is untouched
+    gc.collect()
+    assert not custom_logits._PARAMS  # held weakly: ended requests' dicts went with them
 
 
 def test_the_string_is_loaded_once():
@@ -272,6 +293,9 @@ def test_over_http_a_failing_processor_is_a_400(url):
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "custom_logit_processor" and "processor bug" in error["message"]
+    streamed = httpx.post(f"{url}/generate", json={**body, "stream": True}, timeout=30)
+    assert streamed.status_code == 400  # it failed before any output: a status, not an event
+    assert streamed.json()["error"]["param"] == "custom_logit_processor"
 
 
 def test_over_http_a_bad_string_or_a_server_without_the_flag_is_a_400():

@@ -21,11 +21,13 @@ rows leave nothing to sample, fails only its own requests: `apply_processors` re
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import io
 import json
 import logging
+import weakref
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +62,8 @@ class CustomLogitProcessor(ABC):
     that use this processor in a step, and their B dicts (each request's `custom_params` plus
     `"__req__"`: `origin_input_ids`, `output_ids`, `rid`); it returns (B, V) logits (editing
     `logits` in place and returning it is fine). It is instantiated once per distinct string,
-    so keep per-request state in the params, not on `self`.
+    so keep per-request state in the request's dict, which is the same object at every step
+    of that request (as in SGLang), not on `self`.
     """
 
     @abstractmethod
@@ -73,7 +76,8 @@ class CustomLogitProcessor(ABC):
     def to_str(cls) -> str:
         """The class as SGLang's wire string: `{"callable": hex(dill.dumps(cls))}` (a class
         defined in `__main__` or a function travels by value, one in an importable module by
-        its name, which the server must be able to import)."""
+        its name, which the server must be able to import). The globals its code reads
+        (`torch`, ...) travel with it, by name for modules."""
         dill = _dill()
         buffer = io.BytesIO()
         _wire_pickler(dill)(buffer, recurse=True).dump(cls)
@@ -87,12 +91,20 @@ class CustomLogitProcessor(ABC):
 
 class ReqView:
     """What a processor's `"__req__"` shows of a request (SGLang's `Req` attribute names):
-    copies, so a processor cannot change the engine's state."""
+    copies, so a processor cannot change the engine's state. It holds the request weakly (the
+    request's params dict holds the view, and must not keep the request alive)."""
 
-    __slots__ = ("_req",)
+    __slots__ = ("_ref",)
 
     def __init__(self, req: Req) -> None:
-        self._req = req
+        self._ref = weakref.ref(req)
+
+    @property
+    def _req(self) -> Req:
+        req = self._ref()
+        if req is None:
+            raise ReferenceError("the request has ended")
+        return req
 
     @property
     def rid(self) -> str:
@@ -212,10 +224,7 @@ def _run(logits: torch.Tensor, reqs: list[Req], rows: list[int]) -> None:
     assert processor is not None
     index = torch.tensor(rows, device=logits.device)
     picked = logits.index_select(0, index)  # a copy: a failed call leaves `logits` as it was
-    params = [
-        {**(reqs[r].sampling_params.custom_params or {}), "__req__": ReqView(reqs[r])} for r in rows
-    ]
-    out = processor(picked, params)
+    out = processor(picked, [_params_of(reqs[r]) for r in rows])
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(picked.shape):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise TypeError(f"it returned {got}, not logits of shape {tuple(picked.shape)}")
@@ -223,6 +232,21 @@ def _run(logits: torch.Tensor, reqs: list[Req], rows: list[int]) -> None:
     if torch.isnan(out).any() or not torch.isfinite(out).any(dim=-1).all():
         raise ValueError("it returned a row with a NaN or with no finite logit")
     logits.index_copy_(0, index, out)
+
+
+# each running request's params dict, made at its first step and dropped with the request
+_PARAMS: weakref.WeakKeyDictionary[Req, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _params_of(req: Req) -> dict[str, Any]:
+    """The dict the request's processor gets: its own deep copy of `custom_params` (the n
+    samples of a prompt share one SamplingParams) plus "__req__", the same object each step."""
+    params = _PARAMS.get(req)
+    if params is None:
+        params = copy.deepcopy(req.sampling_params.custom_params or {})
+        params["__req__"] = ReqView(req)
+        _PARAMS[req] = params
+    return params
 
 
 def _failed(req: Req, exc: Exception) -> InvalidRequest:
