@@ -64,6 +64,10 @@ def __getattr__(name: str) -> Any:
         from sgl_lite.backend.engine import Engine
 
         return Engine
+    if name == "CustomLogitProcessor":  # SGLang's base class for request logit processors
+        from sgl_lite.backend.scheduler.custom_logits import CustomLogitProcessor
+
+        return CustomLogitProcessor
     raise AttributeError(f"module 'sgl_lite' has no attribute {name!r}")
 
 
@@ -93,6 +97,7 @@ __all__ = [
     "StepTimeout",
     "OpenAI",
     "Engine",
+    "CustomLogitProcessor",
     "EngineBackend",
     "ProgramState",
     "ProgramError",

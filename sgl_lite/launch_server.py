@@ -262,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a .jinja/.json file, Jinja source, or a template name (chatml, llama-3-instruct...)",
     )
+    p.add_argument(
+        "--enable-custom-logit-processor",
+        action="store_true",
+        help="accept requests' custom_logit_processor (SGLang's dill-pickled class: code this "
+        "server runs; needs the dill package)",
+    )
     ignored = p.add_argument_group(
         "SGLang flags accepted and ignored",
         "Tuning knobs with nothing to tune on this engine; each one given is logged at start-up.",
@@ -382,6 +388,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "disable_jump_forward",
         "trust_remote_code",
         "enable_deterministic_inference",
+        "enable_custom_logit_processor",
     ):
         if getattr(args, flag):
             kwargs[flag] = True

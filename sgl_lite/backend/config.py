@@ -74,6 +74,9 @@ class EngineConfig:
     chat_template: str | None = None
     trust_remote_code: bool = False
     tool_call_parser: str = "auto"  # vLLM/SGLang's --tool-call-parser
+    # SGLang's --enable-custom-logit-processor: requests may carry a dill-pickled processor,
+    # code this process runs (scheduler/custom_logits.py); off, such a request is a 400
+    enable_custom_logit_processor: bool = False
 
     def __post_init__(self) -> None:
         if not self.device:

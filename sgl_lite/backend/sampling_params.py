@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import regex
@@ -47,6 +47,9 @@ class SamplingParams:
     ebnf: str | None = None  # SGLang's context-free grammar (GBNF/EBNF or Lark), see constrained/
     # (token id, bias) pairs, sorted by id: OpenAI's logit_bias, frozen so params stay hashable
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # what the request's custom logit processor reads (scheduler/custom_logits.py); a JSON
+    # object, left out of the hash (the params stay hashable)
+    custom_params: dict[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         checks = [
@@ -150,6 +153,12 @@ class SamplingParams:
                 raise InvalidRequest(name, f"sampling param {name} must be a string")
         if "logit_bias" in values:
             values["logit_bias"] = _logit_bias(values["logit_bias"])
+        if "custom_params" in values and not isinstance(values["custom_params"], dict):
+            raise InvalidRequest(
+                "custom_params",
+                "sampling param custom_params must be a dict (a JSON object) for the custom "
+                f"logit processor, got {type(values['custom_params']).__name__}",
+            )
         return cls(**values)
 
 

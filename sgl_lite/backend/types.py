@@ -157,6 +157,8 @@ class Req:
     guide: Guide | None = None
     grammar_future: Future[Grammar] | None = None
     generator: torch.Generator | None = None
+    # the request's custom logit processor, loaded (scheduler/custom_logits.py); None: none
+    custom_logit_processor: Callable[..., torch.Tensor] | None = None
     forced_tokens: int = 0
     ids_sent: int = 0  # output_ids[:ids_sent] were published and not replaced since
     created_at: float = field(default_factory=time.perf_counter)
@@ -254,3 +256,4 @@ class Sample(NamedTuple):
     logprobs: TokenLogprobs | None = None
     row: int = 0
     input_logprobs: InputLogprobs | None = None
+    error: Exception | None = None  # the request failed this step (its logit processor)

@@ -31,6 +31,7 @@ SAMPLING_PARAM_NAMES: tuple[str, ...] = (
     "json_schema",
     "ebnf",
     "logit_bias",
+    "custom_params",
 )
 
 LOGPROB_OPTION_NAMES: tuple[str, ...] = (

@@ -36,6 +36,7 @@ GENERATE_IMPLEMENTED = frozenset(
         "stream",
         "rid",
         "timeout",  # sgl_lite's deadline in seconds
+        "custom_logit_processor",  # with --enable-custom-logit-processor (the engine checks)
     }
 )
 GENERATE_NOOPS = frozenset(
@@ -104,7 +105,6 @@ GENERATE_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "session_params": ((None,), "sessions (continual prompting) are not implemented"),
     "lora_path": ((None,), "LoRA adapters are not supported"),
     "lora_id": ((None,), "LoRA adapters are not supported"),
-    "custom_logit_processor": ((None,), "custom logit processors are not supported"),
     "background": ((False, None), "background responses are not implemented"),
     "require_reasoning": ((False, None), "the model is not a reasoning model"),
     "max_thinking_tokens": ((None,), "the model is not a reasoning model"),
@@ -123,7 +123,6 @@ _PER_PROMPT = ("return_logprob", "logprob_start_len", "top_logprobs_num")
 # --- SGLang 0.5 SamplingParams ------------------------------------------------------------------
 SAMPLING_NOOPS = frozenset(
     {
-        "custom_params",  # read only by a custom logit processor, which is refused
         "stream_interval",  # chunk cadence only: every token is streamed
     }
 )
@@ -211,7 +210,6 @@ CHAT_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "store": ((None, False), "completions are not stored"),
     "service_tier": ((None, "auto", "default"), "there are no service tiers"),
     # SGLang / vLLM extensions that sglang-router sends with their defaults
-    "continue_final_message": ((None, False), "continuing the last message is not implemented"),
     "return_hidden_states": ((None, False), "hidden states are not returned"),
 }
 COMPLETION_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {

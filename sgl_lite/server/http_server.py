@@ -203,6 +203,7 @@ def create_app(
             top_logprobs_num=req.top_logprobs_num,
             return_text_in_logprobs=req.return_text_in_logprobs,
             timeout=req.timeout,
+            custom_logit_processor=req.custom_logit_processor,
         )
         if not req.stream:
             results = [sglang05_meta(r) for r in await bridge.collect(sub, request)]

@@ -53,6 +53,9 @@ class GenerateRequest(_Wire):
     stream: StrictBool = False
     rid: StrictStr | list[StrictStr] | None = None
     timeout: Timeout | None = None
+    # SGLang's CustomLogitProcessor.to_str() (one, or one per prompt); the engine refuses it
+    # unless started with --enable-custom-logit-processor
+    custom_logit_processor: StrictStr | list[StrictStr | None] | None = None
 
 
 class AbortRequest(_Wire):
@@ -98,6 +101,9 @@ class _SamplingFields(_Wire):
     ebnf: StrictStr | None = None
     rid: StrictStr | None = None
     timeout: Timeout | None = None
+    # SGLang's custom logit processor (--enable-custom-logit-processor) and what it reads
+    custom_logit_processor: StrictStr | None = None
+    custom_params: dict[str, Any] | None = None
 
     def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
         """SGLang sampling params for the engine (it checks the values)."""
@@ -203,6 +209,10 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    # vLLM's and SGLang's response prefill: the last (assistant) message is continued, not
+    # closed; `add_generation_prompt` then defaults to false, and true with it is a 400
+    continue_final_message: StrictBool = False
+    add_generation_prompt: StrictBool | None = None
     # vLLM's and SGLang's extension: extra variables for the chat template
     chat_template_kwargs: dict[str, Any] | None = Field(
         None,

@@ -40,6 +40,7 @@ from sgl_lite.backend.engine.setup import (
 from sgl_lite.backend.errors import EngineError, InvalidRequest
 from sgl_lite.backend.kvcache.cache_manager import CacheManager
 from sgl_lite.backend.kvcache.kv_pool import KVPool
+from sgl_lite.backend.scheduler.custom_logits import warn_if_unavailable
 from sgl_lite.backend.scheduler.mask_prefetch import MaskPrefetcher, mask_failure
 from sgl_lite.backend.scheduler.output_processor import OutputProcessor
 from sgl_lite.backend.scheduler.sampler import Sampler
@@ -140,11 +141,14 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         timeout: float | None = None,
+        custom_logit_processor: str | list[str | None] | None = None,
     ) -> Any:
         """Generates for one prompt (→ dict) or a list (→ list of dicts, one per prompt × n).
 
         With `stream=True` returns an iterator of result dicts with the cumulative text so far
-        (each with its "index" when the input was a list).
+        (each with its "index" when the input was a list). `custom_logit_processor`: SGLang's
+        `CustomLogitProcessor.to_str()` string (or one per prompt), which reads
+        `sampling_params["custom_params"]`; the engine needs enable_custom_logit_processor=True.
         """
         outputs: queue.SimpleQueue[ReqOutput] = queue.SimpleQueue()
         sub = self.submit(
@@ -159,6 +163,7 @@ class Engine:
             stream=stream,
             rid=rid,
             timeout=timeout,
+            custom_logit_processor=custom_logit_processor,
         )
         collector = ResultCollector(sub, self.abort)
         if stream:
@@ -251,6 +256,8 @@ class Engine:
             pool_size=runner.pool.num_slots,
         )
         self.admission = Admission(config.max_queued_requests, config.request_timeout)
+        if config.enable_custom_logit_processor:
+            warn_if_unavailable()
 
     def _loop(self) -> None:
         """Runs steps while there is work, and returns once idle (`LoopThread` restarts it)."""
@@ -359,6 +366,9 @@ class Engine:
         for req, exc in masks.errors.items():  # that request's error, not the whole step's
             self._abort(req, mask_failure(exc))
         samples = self.sampler.sample(batch, output, masks.masks)
+        for req, sample in zip(batch.reqs, samples):
+            if sample.error is not None:  # its own logit processor failed: it alone ends
+                self._abort(req, FinishReason.abort(str(sample.error), sample.error))
         finished = self.scheduler.process(batch, samples)
         for req, sample in zip(batch.reqs, samples):
             if req.is_finished or (req.stream and sample.token is not None):

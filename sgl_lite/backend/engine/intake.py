@@ -18,6 +18,7 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.constrained import Grammar, GrammarCompiler
 from sgl_lite.backend.errors import InvalidRequest
 from sgl_lite.backend.sampling_params import SamplingParams
+from sgl_lite.backend.scheduler import custom_logits
 from sgl_lite.backend.scheduler.logprobs import LogprobState
 from sgl_lite.backend.types import Req
 
@@ -82,9 +83,11 @@ class RequestBuilder:
         return_text_in_logprobs: bool,
         stream: bool,
         rid: str | list[str] | None,
+        custom_logit_processor: str | list[str | None] | None = None,
     ) -> tuple[list[list[Req]], bool]:
         """Returns (the requests of each prompt (n each), whether the input was a list)."""
         token_lists, batched = self._token_lists(prompt, input_ids)
+        processors = self._processors(custom_logit_processor, len(token_lists))
         params_list = (
             sampling_params
             if isinstance(sampling_params, list)
@@ -111,7 +114,7 @@ class RequestBuilder:
                 f"logprob_start_len must be -1 or >= 0, got {logprob_start_len!r}",
             )
         groups = []
-        for ids, raw_params, req_rid in zip(token_lists, params_list, rids):
+        for ids, raw_params, req_rid, processor in zip(token_lists, params_list, rids, processors):
             params = SamplingParams.from_dict(raw_params)
             self._check_fits(ids, params, "prompt" if prompt is not None else "input_ids")
             if logprob_start_len > len(ids):
@@ -134,6 +137,7 @@ class RequestBuilder:
                         else None,
                         stream=stream,
                         grammar_future=grammar,
+                        custom_logit_processor=processor,
                         generator=None
                         if params.sampling_seed is None
                         else torch.Generator().manual_seed(params.sampling_seed + i),
@@ -142,6 +146,25 @@ class RequestBuilder:
                 ]
             )
         return groups, batched
+
+    def _processors(
+        self, wire: Any, prompts: int
+    ) -> list[custom_logits.CustomLogitProcessor | None]:
+        """Each prompt's custom logit processor, loaded (one string for all, or one per prompt;
+        SGLang's), or a 400-worthy InvalidRequest: not enabled, no dill, a bad string."""
+        if wire is None or wire == []:
+            return [None] * prompts
+        field = custom_logits.FIELD
+        wires = wire if isinstance(wire, list) else [wire] * prompts
+        if len(wires) != prompts:
+            raise InvalidRequest(field, f"{field} has {len(wires)} entries for {prompts} prompts")
+        if any(w is not None and not isinstance(w, str) for w in wires):
+            raise InvalidRequest(field, f"{field} must be a string (or a list, one per prompt)")
+        if all(w is None for w in wires):
+            return [None] * prompts
+        if not self.config.enable_custom_logit_processor:
+            raise InvalidRequest(field, custom_logits.NOT_ENABLED)
+        return [None if w is None else custom_logits.load_processor(w) for w in wires]
 
     def _token_lists(self, prompt: Any, input_ids: Any) -> tuple[list[list[int]], bool]:
         if (prompt is None) == (input_ids is None):
@@ -235,6 +258,7 @@ def generate_args(
     return_text_in_logprobs: bool = False,
     stream: bool = False,
     rid: str | list[str] | None = None,
+    custom_logit_processor: str | list[str | None] | None = None,
 ) -> dict[str, Any]:
     """`Engine.generate`'s arguments by name, positional ones in its order (one signature for
     every way in)."""

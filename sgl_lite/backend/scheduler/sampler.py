@@ -5,11 +5,13 @@ returns one `Sample` per batch entry: the next token for a request whose sequenc
 and the prompt logprobs the pass computed. Everything tensor-shaped ends here; what comes out
 is plain numbers.
 
-Order per row (as SGLang and vLLM do it): penalties, logit_bias, then constraint masks (grammar,
-min tokens; after the bias, so a constraint always wins),
-then temperature, top-k, top-p, min-p, then greedy argmax or a draw. Output logprobs are taken
-from the raw logits, before any of that. A request with a `sampling_seed` draws from its own
-generator, the others from the sampler's (seeded from the engine config, never the global one).
+Order per row (as SGLang and vLLM do it): penalties, logit_bias, then the request's custom
+logit processor (custom_logits.py), then constraint masks (grammar, min tokens; after the bias
+and the processor, so a constraint always wins: SGLang runs processors after its grammar mask,
+where one could bring back a token the grammar forbids), then temperature, top-k, top-p, min-p,
+then greedy argmax or a draw. Output logprobs are taken from the raw logits, before any of that.
+A request with a `sampling_seed` draws from its own generator, the others from the sampler's
+(seeded from the engine config, never the global one).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sgl_lite.backend.errors import InvalidRequest
+from sgl_lite.backend.scheduler.custom_logits import apply_processors, no_token_left
 from sgl_lite.backend.scheduler.logprobs import TokenLogprobs, token_logprobs
 from sgl_lite.backend.types import Req, Sample
 
@@ -47,7 +51,8 @@ class Sampler:
     ) -> list[Sample]:
         """One Sample per request of `batch`, from the pass's `output`; `masks` are the grammar
         masks computed for this step (mask_prefetch.py), else each guide is asked here. A
-        request that ended during the step gets an empty Sample."""
+        request that ended during the step gets an empty Sample; one whose logit processor
+        failed gets a Sample with that `error` and no token."""
         samples = [Sample() for _ in batch.reqs]
         sampling: list[int] = []  # batch entries that sample a token
         for i, (req, segment) in enumerate(zip(batch.reqs, batch.segments)):
@@ -71,9 +76,13 @@ class Sampler:
         if len(last) != logits.shape[0]:
             logits = logits.index_select(0, torch.tensor(last, device=logits.device))
         reqs = [batch.reqs[i] for i in sampling]
-        tokens, values = self.sample_rows(logits.float().cpu(), reqs, masks)
+        failed: dict[int, InvalidRequest] = {}
+        tokens, values = self.sample_rows(logits.float().cpu(), reqs, masks, failed)
         for row, (i, token) in enumerate(zip(sampling, tokens)):
-            samples[i] = samples[i]._replace(token=token, logprobs=values, row=row)
+            if row in failed:
+                samples[i] = samples[i]._replace(error=failed[row])
+            else:
+                samples[i] = samples[i]._replace(token=token, logprobs=values, row=row)
         return samples
 
     def sample_rows(
@@ -81,12 +90,23 @@ class Sampler:
         logits: torch.Tensor,
         reqs: list[Req],
         masks: Mapping[Req, torch.Tensor] | None = None,
+        failed: dict[int, InvalidRequest] | None = None,
     ) -> tuple[list[int], TokenLogprobs | None]:
         """logits (B, V) for the B requests, in order → one token each, and their logprobs
-        when any request asked for them."""
+        when any request asked for them. A row whose custom logit processor failed is added
+        to `failed` (its token is then meaningless); without `failed`, that error is raised."""
         want_logprobs = any(r.logprobs is not None for r in reqs)
         raw = logits if want_logprobs else None
-        logits = self._apply_penalties_and_masks(logits, reqs, masks)
+        errors: dict[int, InvalidRequest] = {}
+        logits = self._apply_penalties_and_masks(logits, reqs, masks, errors)
+        if errors and failed is None:
+            raise next(iter(errors.values()))
+        if errors:
+            assert failed is not None
+            failed.update(errors)
+            # NOTE: a failed row may hold no finite logit; give it one so the draw cannot fail
+            for row in errors:
+                logits[row] = 0.0
         greedy = [r.sampling_params.is_greedy for r in reqs]
         tokens = greedy_argmax(logits) if any(greedy) else torch.zeros(len(reqs), dtype=torch.long)
         for i, req in enumerate(reqs):
@@ -98,9 +118,16 @@ class Sampler:
         return tokens.tolist(), token_logprobs(raw, tokens, k)
 
     def _apply_penalties_and_masks(
-        self, logits: torch.Tensor, reqs: list[Req], masks: Mapping[Req, torch.Tensor] | None
+        self,
+        logits: torch.Tensor,
+        reqs: list[Req],
+        masks: Mapping[Req, torch.Tensor] | None,
+        failed: dict[int, InvalidRequest],
     ) -> torch.Tensor:
-        edits = any(r.sampling_params.has_penalties or r.sampling_params.logit_bias for r in reqs)
+        processors = any(r.custom_logit_processor is not None for r in reqs)
+        edits = processors or any(
+            r.sampling_params.has_penalties or r.sampling_params.logit_bias for r in reqs
+        )
         rows = [i for i, r in enumerate(reqs) if r.guide is not None]  # constrained rows
         blocks = [i for i, r in enumerate(reqs) if self._blocks_stop(r)]
         if not (edits or rows or blocks):
@@ -115,6 +142,8 @@ class Sampler:
                 if req.sampling_params.has_penalties:
                     _apply_penalties(logits[i], req)
             _apply_logit_bias(logits, reqs)
+            if processors:
+                failed.update(apply_processors(logits, reqs))
         if rows:  # after the bias, so a constraint always wins
             allowed = self._allowed(logits, [reqs[i] for i in rows], masks)
             if len(rows) == logits.shape[0]:
@@ -129,6 +158,8 @@ class Sampler:
                 t for t in self.eos_token_ids | set(params.stop_token_ids) if t < self.vocab_size
             ]
             logits[i, stop_ids] = float("-inf")
+        if processors:  # a processor that banned all the constraint allows: nothing to draw
+            failed.update({i: e for i, e in no_token_left(logits, reqs).items() if i not in failed})
         return logits
 
     @staticmethod

@@ -60,12 +60,15 @@ def add_chat_routes(
         if req.top_logprobs and not req.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, fmt)
+        add_generation_prompt = _check_prefill(req)
         try:
             text = chat_prompt(
                 engine.tokenizer,
                 chat_messages(req.messages),
                 plan,
+                add_generation_prompt,
                 template_kwargs=_template_kwargs(req.chat_template_kwargs),
+                continue_final_message=req.continue_final_message,
             )
         except ApiError:
             raise
@@ -92,6 +95,7 @@ def add_chat_routes(
             return_text_in_logprobs=True,
             overload_status=429,
             timeout=req.timeout,
+            custom_logit_processor=req.custom_logit_processor,
         )
         reply = _Reply("chatcmpl", "chat.completion", served_model_name, req.n)
         include_usage = req.stream_options and req.stream_options.include_usage
@@ -160,6 +164,28 @@ def _template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
                 param=f"chat_template_kwargs.{key}",
             )
     return dict(kwargs or {})
+
+
+def _check_prefill(req: ChatCompletionRequest) -> bool:
+    """`add_generation_prompt` for the request; a 400 when `continue_final_message` is set
+    with it or without an assistant message to continue (vLLM's checks)."""
+    if not req.continue_final_message:
+        return True if req.add_generation_prompt is None else req.add_generation_prompt
+    if req.add_generation_prompt:
+        raise ApiError(
+            400,
+            "continue_final_message and add_generation_prompt cannot both be true: one continues "
+            "the last message, the other opens a new assistant turn",
+            param="continue_final_message",
+        )
+    if req.messages[-1].role != "assistant":
+        raise ApiError(
+            400,
+            "continue_final_message needs the last message to be the assistant's (the text to "
+            f"continue); it is {req.messages[-1].role!r}",
+            param="messages",
+        )
+    return False
 
 
 def _constraint(req: ChatCompletionRequest, plan: ToolPlan, engine: Any) -> dict[str, str]:

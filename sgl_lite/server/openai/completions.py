@@ -88,6 +88,7 @@ def add_openai_routes(
             return_text_in_logprobs=True,
             overload_status=429,
             timeout=req.timeout,
+            custom_logit_processor=req.custom_logit_processor,
         )
         reply = _Reply("cmpl", "text_completion", served_model_name, req.n)
         echo = (

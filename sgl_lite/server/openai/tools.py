@@ -246,14 +246,25 @@ def chat_prompt(
     plan: ToolPlan,
     add_generation_prompt: bool = True,
     template_kwargs: dict[str, Any] | None = None,
+    continue_final_message: bool = False,
 ) -> str:
     """The prompt text for OpenAI `messages` (with tool calls and results) and the plan's tools.
 
     A template that renders tools gets them (and the messages' tool fields) as they are;
     otherwise the default block joins the system message and calls/results become text.
     `template_kwargs` (the request's `chat_template_kwargs`) are extra template variables.
+    `continue_final_message` (response prefill; the caller checks the last message is the
+    assistant's) leaves that message open, as transformers' `apply_chat_template` does: the
+    text ends with its content, no end of turn, and the model continues it.
     """
-    extra = template_kwargs or {}
+    extra = dict(template_kwargs or {})
+    if continue_final_message:
+        if not messages[-1].get("content"):
+            # NOTE: transformers cuts the render after the last occurrence of the content, so
+            # an empty one would keep its end of turn; an empty prefill is a plain new turn
+            messages, add_generation_prompt = messages[:-1], True
+        else:
+            extra["continue_final_message"] = True
     native = template_renders_tools(tokenizer)
     if native:
         kwargs = {"tools": list(plan.tools)} if plan.shown else {}
