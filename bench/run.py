@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         "torch threads",
         torch.get_num_threads(),
-        "| the engine's default weights (W4 also auto, bfloat16, int8) | device cpu |",
+        "| the engine's default (fast) mode (W4 also deterministic, float32, bf16) | cpu |",
         results["env"]["cpu_model"],
         "|",
         results["env"]["versions"],

@@ -143,7 +143,12 @@ def _install_fast(
     choice, probe, head = _CHOICES.get(key), None, None
     if choice is None:
         probes: dict[str, PackedModel] = {}
-        for kernel in ("onnxruntime", "torch"):
+        # NOTE: onnxruntime only for a 1-thread engine. Called between torch's ops in a 2-thread
+        # engine it cost the step more than its kernel saved (W4 batch 1 on an AVX-512 EPYC:
+        # 27 tok/s with its head, 51 with its pool at 1 thread, 60 without it; at 1 thread 55
+        # with it vs 47 without): torch's OpenMP team sleeps and wakes around each foreign call.
+        kernels = ("onnxruntime", "torch") if threads == 1 else ("torch",)
+        for kernel in kernels:
             why = _probe(model, kind, quantized, kernel, threads, probes)
             if why:
                 logger.info("sgl_lite weights: %s kernel not used: %s", kernel, why)
