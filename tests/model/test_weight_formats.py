@@ -204,24 +204,20 @@ def test_auto_picks_dense_bf16_only_where_the_cpu_has_a_bf16_gemm():
         deterministic=True,
     )
     assert (fmt.int_kind, fmt.dense_dtype) == (None, torch.float64)
-    with pytest.raises(ValueError, match="dtype=bfloat16"):
-        resolve_format(
-            dtype="bfloat16",
-            quantization="auto",
-            device="cpu",
-            caps=caps,
-            file_kind=None,
-            deterministic=True,
-        )
-    with pytest.raises(ValueError, match="CPU kernels only"):
-        resolve_format(
-            dtype="auto",
-            quantization="auto",
-            device="cuda",
-            caps=None,
-            file_kind=None,
-            deterministic=True,
-        )
+    refused = [
+        ("bfloat16", "cpu", caps, "dtype=bfloat16"),
+        ("auto", "cuda", None, "CPU kernels only"),
+    ]
+    for dtype, device, device_caps, message in refused:
+        with pytest.raises(ValueError, match=message):
+            resolve_format(
+                dtype=dtype,
+                quantization="auto",
+                device=device,
+                caps=device_caps,
+                file_kind=None,
+                deterministic=True,
+            )
 
 
 class _TinyRunner:

@@ -59,24 +59,12 @@ def test_the_remainder_is_what_keeps_q4_1_exact():
     assert _relative_error(weight, affine, rows=4) > 5 * TOLERANCE
 
 
-def test_codes_of_other_widths_and_shapes_are_refused_by_name():
-    with pytest.raises(ValueError, match="4- or 8-bit"):
-        ort_nbits.OrtNBitsWeight.from_affine(
-            GroupAffine(
-                torch.zeros(16, 32, dtype=torch.uint8),
-                torch.ones(16, 1),
-                torch.zeros(16, 1),
-                bits=2,
-            ),
-            threads=1,
-        )
-    with pytest.raises(ValueError, match="multiple of 32"):
-        ort_nbits.OrtNBitsWeight.from_affine(
-            GroupAffine(
-                torch.zeros(16, 40, dtype=torch.uint8),
-                torch.ones(16, 1),
-                torch.zeros(16, 1),
-                bits=4,
-            ),
-            threads=1,
-        )
+@pytest.mark.parametrize(
+    ("cols", "bits", "message"), [(32, 2, "4- or 8-bit"), (40, 4, "multiple of 32")]
+)
+def test_codes_of_other_widths_and_shapes_are_refused_by_name(cols, bits, message):
+    codes = GroupAffine(
+        torch.zeros(16, cols, dtype=torch.uint8), torch.ones(16, 1), torch.zeros(16, 1), bits
+    )
+    with pytest.raises(ValueError, match=message):
+        ort_nbits.OrtNBitsWeight.from_affine(codes, threads=1)

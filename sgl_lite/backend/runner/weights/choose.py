@@ -99,8 +99,7 @@ def _install_deterministic(
     except RuntimeError as exc:  # the kernel is missing or fails on this build/CPU
         if config.quantization != "auto":
             raise ValueError(f"quantization={config.quantization} cannot run here: {exc}") from exc
-        dense = WeightFormat(torch.float64, None, "", deterministic=True)
-        return dense.dense_only(torch.float64, "float64 throughout", f"kernel failed: {exc}"), note
+        return fmt.dense_only(torch.float64, "float64 throughout", f"kernel failed: {exc}"), note
     if not invariant:
         raise ValueError(
             f"enable_deterministic_inference cannot keep its guarantee here: torch's {kind} "

@@ -44,8 +44,9 @@ EXACT_ATTN_DTYPE = torch.float64
 
 
 # Fast mode: passes of up to this many rows (decode batches, short chunks) run the packed
-# kernels; longer ones the dense GEMM. Measured on SmolLM2 (AMD EPYC, AVX-512, 2 threads):
-# onnxruntime's 4-bit kernel beats float32 GEMM per pass up to about 32 rows.
+# kernels, longer ones the dense GEMM. A provisional bound: the runner replaces it at load with
+# the row count up to which the chosen kernel measured faster than the GEMM (choose._crossover;
+# 8-16 on an AVX-512 EPYC for torch's int4 kernel against bf16).
 FAST_INT_MAX_ROWS = 32
 
 

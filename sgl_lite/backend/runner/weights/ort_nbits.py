@@ -181,7 +181,3 @@ class OrtNBitsWeight:
         binding.bind_output("Y", "cpu", 0, np.float32, [rows, self.shape[0]], out.data_ptr())
         self.session.run_with_iobinding(binding)
         return out
-
-    def dequantize(self) -> torch.Tensor:
-        """The float32 matrix the kernel multiplies by (up to its int8 activation rounding)."""
-        return self.matmul(torch.eye(self.shape[1])).t().contiguous()

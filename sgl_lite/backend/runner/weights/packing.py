@@ -203,13 +203,9 @@ def pack_model(
     head: PackedWeight | None = None
     if reuse is not None and reuse.head is not None and reuse.kernel == head_kernel:
         head = reuse.head
-    elif head_kernel == "onnxruntime":
-        exact = head_codes is not None and head_codes.bits == 8
-        head = ort_nbits.OrtNBitsWeight.from_affine(
-            head_codes if exact and head_codes else _affine_int8(source.detach()), threads
-        )
-    elif head_kernel == "torch":
-        head = Int8Weight.from_float(source.detach())
+    elif head_kernel is not None:
+        file_codes = head_codes if head_codes is not None and head_codes.bits == 8 else None
+        head = _pack_one(source.detach(), "int8", file_codes, head_kernel, threads)
     if head is not None:
         packed_bytes += _nbytes(head)
     report = PackReport(
