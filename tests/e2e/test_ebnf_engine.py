@@ -145,7 +145,15 @@ def test_the_reference_parsers_refuse_what_the_grammars_refuse() -> None:
 
 @pytest.fixture(scope="module")
 def xg_engine():
-    eng = Engine(num_threads=NUM_THREADS, max_total_tokens=4096, grammar_backend="xgrammar")
+    # float32 dense like the shared `engine`: the two are compared token for token below, and
+    # the sampled cases were written against those numerics
+    eng = Engine(
+        num_threads=NUM_THREADS,
+        max_total_tokens=4096,
+        grammar_backend="xgrammar",
+        dtype="float32",
+        quantization="none",
+    )
     yield eng
     eng.shutdown()
 
