@@ -297,7 +297,10 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         spec = LLAMA if spec is None else spec
         self.config, self.spec = config, spec
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # `_weight` skips the random init: every weight is loaded, and the model is built on the
+        # meta device, where the first `normal_` costs ~1.5 s of torch's lazy set-up per process.
+        table = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=table)
         self.layers = nn.ModuleList(
             self.make_layer(config, i, spec) for i in range(config.num_hidden_layers)
         )
