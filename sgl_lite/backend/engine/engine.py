@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from sgl_lite.backend import omp_policy
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine.admission import Admission
 from sgl_lite.backend.engine.info import engine_info
@@ -89,7 +90,7 @@ class Engine:
         ready.result()
         logger.info(
             "sgl_lite engine: model=%s device=%s dtype=%s threads=%d kv_pool=%d tokens (%.1f MB%s) "
-            "max_running_requests=%d",
+            "max_running_requests=%d; %s",
             self.model_folder,
             config.device,
             config.dtype,
@@ -98,6 +99,7 @@ class Engine:
             self.runner.pool.nbytes / 2**20,
             ", committed as used" if self.runner.pool.committed_on_use else "",
             config.max_running_requests,
+            omp_policy.note(),
         )
 
     # --- public API ---------------------------------------------------------------------

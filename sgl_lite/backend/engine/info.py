@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from sgl_lite.backend import omp_policy
+
 
 def engine_info(engine: Any) -> dict[str, Any]:
     """Config, pool usage, cache statistics and queue lengths of `engine`."""
@@ -45,4 +47,5 @@ def engine_info(engine: Any) -> dict[str, Any]:
         "weight_format": fmt.describe()
         if (fmt := getattr(engine.runner, "format", None))
         else None,
+        "openmp_wait_policy": omp_policy.note(),
     }
