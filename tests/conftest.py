@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-from hypothesis import settings
+# First: the engine's OpenMP wait policy is set before torch loads, as a user's import of the
+# engine sets it (sgl_lite/backend/omp_policy.py), so this process's engines wait as users' do.
+from sgl_lite.backend import omp_policy
 
-from tests.support import NUM_THREADS
-from tests.support.tiers import tier_of
-from tests.support.tiny import TINY_LLAMA, build_tiny_tokenizer
+omp_policy.apply()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+from tests.support import NUM_THREADS  # noqa: E402
+from tests.support.tiers import tier_of  # noqa: E402
+from tests.support.tiny import TINY_LLAMA, build_tiny_tokenizer  # noqa: E402
 
 torch.set_num_threads(NUM_THREADS)
 

@@ -17,13 +17,14 @@ def clean_env(monkeypatch):
     for knob in omp_policy.KNOBS:
         monkeypatch.delenv(knob, raising=False)
     monkeypatch.delitem(sys.modules, "torch")
-    monkeypatch.setattr(omp_policy, "_applied", None)
+    monkeypatch.setattr(omp_policy, "_state", "unapplied")
 
 
 def test_a_fresh_process_gets_the_passive_policy(clean_env):
     omp_policy.apply()
+    omp_policy.apply()  # a second call (another import path) changes nothing
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert "PASSIVE" in omp_policy.note()
+    assert "PASSIVE (set OMP_WAIT_POLICY to override)" in omp_policy.note()
 
 
 @pytest.mark.parametrize("knob,value", [("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "0")])
