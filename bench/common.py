@@ -6,11 +6,13 @@ so any difference between systems comes from how they compute, never from what t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jsonschema
@@ -220,3 +222,14 @@ def validate_json(text: str, schema: dict) -> bool:
 # --- W4 ----------------------------------------------------------------------------------------
 def raw_ids(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+@contextlib.contextmanager
+def without_variables(variables: dict[str, str]) -> Iterator[None]:
+    """Within the block, `os.environ` lacks those of `variables` that still hold the value given
+    (a child started here inherits the rest); restored after."""
+    removed = {k: os.environ.pop(k) for k, v in variables.items() if os.environ.get(k) == v}
+    try:
+        yield
+    finally:
+        os.environ.update(removed)

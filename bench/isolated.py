@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import signal
 import tempfile
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench.common import Skipped
+from bench.common import Skipped, without_variables
+from sgl_lite.backend import omp_policy
 
 METHODS = ("w1", "w2", "w3", "w4")
 START_TIMEOUT_S = 300.0
@@ -92,6 +95,17 @@ def _worker(conn: Any, name: str, options: dict[str, Any], stderr_path: str) -> 
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
+@contextlib.contextmanager
+def peer_marked() -> Iterator[None]:
+    """Within the block, a child started here keeps libgomp's defaults, not sgl_lite's wait
+    policy, even where it imports sgl_lite (for file paths) before torch."""
+    os.environ[omp_policy.KEEP_DEFAULTS] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(omp_policy.KEEP_DEFAULTS, None)
+
+
 class IsolatedPeer:
     """A peer system run in a child process; exposes the peer's own w1..w4 and warmup."""
 
@@ -104,7 +118,10 @@ class IsolatedPeer:
         self._proc = ctx.Process(
             target=_worker, args=(child, name, options, str(self._stderr)), daemon=True
         )
-        self._proc.start()
+        # The peer starts with the environment its users give it, not with the OpenMP wait
+        # policy sgl_lite set for its own engine in this process (omp_policy).
+        with without_variables(omp_policy.variables_set()), peer_marked():
+            self._proc.start()
         child.close()
         self._dead: str | None = None
         kind, payload = self._receive("start-up", START_TIMEOUT_S)

@@ -23,6 +23,7 @@ import torch
 from bench import chart, docs_table, report, w3_backends
 from bench.common import Skipped, median, on_own_thread
 from bench.workloads import Workloads, build
+from sgl_lite.backend import omp_policy
 
 TITLES = {
     "W1": "multi-turn chat",
@@ -89,6 +90,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "versions": versions,
         "load_average": os.getloadavg(),
+        "openmp_wait_policy": omp_policy.note(),
         "repeats": args.repeats,
         "quick": args.quick,
     }

@@ -21,7 +21,8 @@ quiet machine costs a futex wake-up per region: 25.0 vs 25.5 tok/s spinning at b
 
 libgomp reads these settings once, when torch loads it, so `apply()` runs when
 `sgl_lite.backend` is first imported (before torch); it sets nothing the user already set
-(`OMP_WAIT_POLICY` or `GOMP_SPINCOUNT` in the environment is the knob), and `note()` says at
+(`OMP_WAIT_POLICY` or `GOMP_SPINCOUNT` in the environment is the knob; `SGL_LITE_KEEP_OMP_DEFAULTS`
+keeps libgomp's defaults), and `note()` says at
 start-up what is in force, or that torch was loaded first and the policy is the process's own.
 """
 
@@ -32,6 +33,9 @@ import sys
 
 # The settings libgomp takes its wait policy from; a user who sets either has chosen.
 KNOBS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+# Set (to anything): leave libgomp's own defaults, as a process that is not the engine's wants
+# (a benchmark's peer, which imports sgl_lite only for its file paths).
+KEEP_DEFAULTS = "SGL_LITE_KEEP_OMP_DEFAULTS"
 DEFAULT_POLICY = "PASSIVE"
 
 # "set": by apply(); "user": a knob was in the environment; "torch": loaded before apply() ran.
@@ -45,7 +49,7 @@ def apply() -> None:
     global _state
     if _state != "unapplied":
         return
-    if any(k in os.environ for k in KNOBS):
+    if any(k in os.environ for k in (*KNOBS, KEEP_DEFAULTS)):
         _state = "user"
     elif "torch" in sys.modules:
         _state = "torch"
@@ -54,11 +58,18 @@ def apply() -> None:
         _state = "set"
 
 
+def variables_set() -> dict[str, str]:
+    """The environment variables `apply()` set in this process (none if it set nothing): what
+    a child process that is not sgl_lite's (a benchmark's peer) should be started without."""
+    return {"OMP_WAIT_POLICY": DEFAULT_POLICY} if _state == "set" else {}
+
+
 def note() -> str:
     """What the start-up line says of the wait policy in force."""
     if _state == "set":
         return f"OpenMP wait policy: {DEFAULT_POLICY} (set OMP_WAIT_POLICY to override)"
     if _state == "user":
-        knobs = ", ".join(f"{k}={os.environ[k]}" for k in KNOBS if k in os.environ)
+        given = [k for k in (*KNOBS, KEEP_DEFAULTS) if k in os.environ]
+        knobs = ", ".join(f"{k}={os.environ[k]}" for k in given)
         return f"OpenMP wait policy: {knobs} (from the environment)"
     return "OpenMP wait policy: the process's own (torch was imported before sgl_lite's engine)"

@@ -44,6 +44,15 @@ def crashing_warmup_peer(options):
     return _FakePeer("warmup")
 
 
+class _EnvPeer:
+    def w4(self, wl) -> dict:
+        return {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}
+
+
+def env_peer(options):
+    return _EnvPeer()
+
+
 def missing_peer(options):
     raise Skipped("fake_peer not importable")
 
@@ -73,3 +82,16 @@ def test_a_segfault_becomes_a_skipped_row_naming_the_signal(factory):
 def test_a_peer_that_cannot_start_is_skipped_with_its_reason():
     with pytest.raises(Skipped, match="fake_peer not importable"):
         IsolatedPeer(f"{__name__}:missing_peer", 1, OPTIONS)
+
+
+def test_a_peer_starts_without_the_wait_policy_sgl_lite_set_for_itself(monkeypatch):
+    from sgl_lite.backend import omp_policy
+
+    monkeypatch.setattr(omp_policy, "_state", "set")
+    monkeypatch.setenv("OMP_WAIT_POLICY", omp_policy.DEFAULT_POLICY)
+    peer = IsolatedPeer(f"{__name__}:env_peer", 1, OPTIONS)
+    try:
+        assert peer.w4(None) == {"omp_wait_policy": ""}
+    finally:
+        peer.shutdown()
+    assert os.environ["OMP_WAIT_POLICY"] == omp_policy.DEFAULT_POLICY  # ours is restored

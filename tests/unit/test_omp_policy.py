@@ -14,7 +14,7 @@ from sgl_lite.backend import omp_policy
 @pytest.fixture
 def clean_env(monkeypatch):
     """No wait-policy knob in the environment and torch not loaded, as in a fresh process."""
-    for knob in omp_policy.KNOBS:
+    for knob in (*omp_policy.KNOBS, omp_policy.KEEP_DEFAULTS):
         monkeypatch.delenv(knob, raising=False)
     monkeypatch.delitem(sys.modules, "torch")
     monkeypatch.setattr(omp_policy, "_state", "unapplied")
@@ -27,7 +27,10 @@ def test_a_fresh_process_gets_the_passive_policy(clean_env):
     assert "PASSIVE (set OMP_WAIT_POLICY to override)" in omp_policy.note()
 
 
-@pytest.mark.parametrize("knob,value", [("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "0")])
+@pytest.mark.parametrize(
+    "knob,value",
+    [("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "0"), ("SGL_LITE_KEEP_OMP_DEFAULTS", "1")],
+)
 def test_a_knob_the_user_set_is_kept(clean_env, monkeypatch, knob, value):
     monkeypatch.setenv(knob, value)
     omp_policy.apply()
