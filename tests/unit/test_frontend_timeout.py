@@ -19,7 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import sgl_lite as sgl
-from sgl_lite.frontend.backends.base import GenRequest, StepTimeout
+from sgl_lite.frontend.backends.base import GenRequest, StepTimeout, timeout_of
+from sgl_lite.frontend.backends.engine import _raise_on_abort
 from sgl_lite.frontend.backends.runtime_endpoint import RuntimeEndpoint
 from sgl_lite.frontend.executor import ProgramError
 from tests.support.mock_backend import MockBackend
@@ -214,3 +215,19 @@ def test_endpoint_stream_that_stalls_past_the_deadline_times_out():
     assert isinstance(info.value.__cause__, StepTimeout)
     assert isinstance(state.error(), StepTimeout)
     assert pieces == ["Q:", "p"]  # what came before the stall was streamed
+
+
+def _aborted(message: str) -> dict:
+    return {"meta_info": {"finish_reason": {"type": "abort", "message": message}}}
+
+
+def test_only_the_requests_own_deadline_is_a_step_timeout():
+    request = GenRequest(timeout=300.0)
+    timed_out = timeout_of(_aborted("request timed out after 300 s")["meta_info"], request)
+    assert isinstance(timed_out, StepTimeout) and timed_out.seconds == 300.0
+    # A grammar compile that timed out is what expired, not the step's 300 s.
+    compile_abort = _aborted("json_schema compile timed out after 5 s; simplify the pattern")
+    assert timeout_of(compile_abort["meta_info"], request) is None
+    with pytest.raises(RuntimeError, match="json_schema compile timed out after 5 s") as info:
+        _raise_on_abort(compile_abort, request)
+    assert "300" not in str(info.value)

@@ -53,12 +53,19 @@ class StepTimeout(TimeoutError):
         self.seconds = seconds
 
 
+# The engine's abort of a request past its deadline (engine.py); other aborts that mention a
+# timeout (a grammar compile's) are errors of their own, not the step's deadline.
+REQUEST_TIMED_OUT = "request timed out"
+
+
 def timeout_of(meta: dict[str, Any], request: GenRequest) -> StepTimeout | None:
     """The StepTimeout a finished result stands for: an abort of a request that had a timeout,
-    with the engine's "timed out" message; None otherwise."""
+    with the engine's "request timed out" message; None otherwise."""
     reason = (meta or {}).get("finish_reason") or {}
     message = str(reason.get("message") or "") if isinstance(reason, dict) else ""
-    if request.timeout is None or reason.get("type") != "abort" or "timed out" not in message:
+    if request.timeout is None or reason.get("type") != "abort":
+        return None
+    if REQUEST_TIMED_OUT not in message:
         return None
     return StepTimeout(request.timeout, message)
 
