@@ -35,19 +35,24 @@ from bench.workloads import Workloads
 ROOT = Path(__file__).resolve().parent.parent
 VENV_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
-START_TIMEOUT_S = 600.0  # model load plus vLLM's own start-up (its CPU kernels, the KV pool)
+# Model load plus vLLM's start-up: torch.compile of the model takes 3-6 min on 2 loaded cores,
+# every start (vLLM 0.32's compile cache fails to load beside torch 2.13); eager mode ~1 min.
+START_TIMEOUT_S = 900.0
 CALL_TIMEOUT_S = 1800.0
 KV_CACHE_GIB = 2  # SmolLM2-135M: 30 layers x 3 KV heads x 64 x 2 x 4 B = 90 KiB a token
 
 
-def worker_env(num_threads: int, base: dict[str, str] | None = None) -> dict[str, str]:
+def worker_env(
+    num_threads: int, base: dict[str, str] | None = None, preload: Path | None = None
+) -> dict[str, str]:
     """The worker's environment: vLLM's CPU knobs set to `num_threads` cores, nothing of ours.
 
     VLLM_CPU_OMP_THREADS_BIND pins one OpenMP thread per listed core (its default, "auto",
     takes a whole NUMA node, every core of this shared machine); the KV pool is sized in GiB by
     VLLM_CPU_KVCACHE_SPACE. The engine core runs in the worker's own process (V1
     multiprocessing off), so the one process holds the threads we asked for. PYTHONPATH and
-    VIRTUAL_ENV are dropped so that nothing of sgl_lite's venv leaks into vLLM's.
+    VIRTUAL_ENV are dropped so that nothing of sgl_lite's venv leaks into vLLM's. `preload`
+    (the venv's Intel OpenMP, which vLLM's CPU docs ask to be preloaded) goes in LD_PRELOAD.
     """
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in _NOT_PASSED}
     env.update(
@@ -62,10 +67,18 @@ def worker_env(num_threads: int, base: dict[str, str] | None = None) -> dict[str
             "TOKENIZERS_PARALLELISM": "false",
         }
     )
+    if preload is not None:
+        env["LD_PRELOAD"] = " ".join(filter(None, [str(preload), env.get("LD_PRELOAD", "")]))
     return env
 
 
 _NOT_PASSED = {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}
+
+
+def _iomp(python: Path) -> Path | None:
+    """The Intel OpenMP library of the venv `python` belongs to, if it has one."""
+    lib = python.parent.parent / "lib" / "libiomp5.so"
+    return lib if lib.exists() else None
 
 
 def parse_reply(line: str) -> dict[str, Any]:
@@ -117,20 +130,22 @@ class VllmPeer:
         python: Path | str = VENV_PYTHON,
         worker: Path | str = WORKER,
         dtype: str = "float32",
+        eager: bool = False,
         start_timeout: float = START_TIMEOUT_S,
     ) -> None:
         if not Path(python).exists():
             raise Skipped(f"{python} not found; `make bench-vllm` installs vLLM's CPU build")
-        self.tokenizer = tokenizer
+        self.tokenizer, self.dtype = tokenizer, dtype
+        self.mode = "eager" if eager else "torch.compile"
         self.eos = eos_ids(tokenizer)
         self._log = Path(tempfile.mkstemp(prefix="bench-vllm-", suffix=".log")[1])
         self._log_file = self._log.open("w")
         self._proc = subprocess.Popen(
-            [str(python), str(worker), str(model_folder), dtype],
+            [str(python), str(worker), str(model_folder), dtype, "eager" if eager else "compiled"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log_file,
-            env=worker_env(num_threads),
+            env=worker_env(num_threads, preload=_iomp(Path(python))),
             text=True,
         )
         self._dead: str | None = None
@@ -199,8 +214,10 @@ class VllmPeer:
 
     # --- the workloads --------------------------------------------------------------------------
     def warmup(self) -> None:
-        """One short request, so no timing pays for vLLM's first-call set-up."""
-        self.generate([[1, 2, 3]], 2)
+        """One short request, so no timing pays for vLLM's first-call set-up. A crash here is
+        kept (each workload then reports it), not raised: the bench's set-up goes on."""
+        with contextlib.suppress(Skipped):
+            self.generate([[1, 2, 3]], 2)
 
     def w1(self, wl: Workloads) -> dict[str, Any]:
         """Each turn's conversations in one call (as sgl_lite submits them); cache hits from
@@ -253,7 +270,7 @@ class VllmPeer:
             "batch_size": len(many),
             "batch1_wall_s": one["wall_s"],
             "batch_wall_s": batch["wall_s"],
-            "weights": f"vllm {self.version}, float32 HF folder",
+            "weights": f"vllm {self.version}, {self.dtype} HF folder, {self.mode}",
         }
 
     def shutdown(self) -> None:

@@ -1,4 +1,6 @@
-"""The vLLM side of the vLLM peer: `.venv-vllm/bin/python bench/vllm_worker.py MODEL_FOLDER`.
+"""The vLLM side of the vLLM peer, run as
+
+`.venv-vllm/bin/python bench/vllm_worker.py MODEL_FOLDER [DTYPE [eager|compiled]]`.
 
 Runs in vLLM's own venv (its torch, its transformers), so it imports nothing of sgl_lite or
 bench: only the standard library and vllm. It speaks JSON lines, one request in on stdin and one
@@ -42,7 +44,7 @@ def _ttft(output: Any) -> float | None:
     if first is not None and arrival is not None:
         return float(first - arrival)
     latency = getattr(metrics, "first_token_latency", None)
-    return float(latency) if latency is not None else None
+    return float(latency) if latency else None  # 0.0: not recorded
 
 
 def _sampling(vllm: Any, request: dict) -> Any:
@@ -87,7 +89,9 @@ def main(argv: list[str]) -> int:
         replies.write(json.dumps(message) + "\n")
         replies.flush()
 
-    folder, dtype = argv[0], argv[1] if len(argv) > 1 else "float32"
+    folder = argv[0]
+    dtype = argv[1] if len(argv) > 1 else "float32"
+    eager = len(argv) > 2 and argv[2] == "eager"
     try:
         import vllm
 
@@ -97,6 +101,8 @@ def main(argv: list[str]) -> int:
             enable_prefix_caching=True,
             max_model_len=4096,
             seed=0,
+            enforce_eager=eager,
+            disable_log_stats=False,  # else no per-request metrics: no first-token latency
         )
     except BaseException as exc:
         traceback.print_exc()

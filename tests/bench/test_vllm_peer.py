@@ -121,3 +121,9 @@ def test_a_worker_killed_mid_call_is_skipped_naming_the_signal_and_stays_skipped
             peer.w4(WL)
     finally:
         peer.shutdown()
+
+
+def test_worker_env_preloads_the_venvs_openmp_before_what_was_there():
+    env = worker_env(1, {"LD_PRELOAD": "/lib/x.so"}, preload=Path("/v/lib/libiomp5.so"))
+    assert env["LD_PRELOAD"] == "/v/lib/libiomp5.so /lib/x.so"
+    assert "LD_PRELOAD" not in worker_env(1, {})
