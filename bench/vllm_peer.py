@@ -149,7 +149,11 @@ class VllmPeer:
             text=True,
         )
         self._dead: str | None = None
-        hello = self._receive("start-up", start_timeout)
+        try:
+            hello = self._receive("start-up", start_timeout)
+        except Skipped:
+            self.shutdown()  # a crash or a timeout at start-up: reap it, close the log
+            raise
         if "error" in hello or not hello.get("ready"):
             reason = hello.get("error", hello)
             self.shutdown()
