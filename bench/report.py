@@ -22,9 +22,9 @@ REQUIRED_ENV = (
     "quick",
 )
 WORKLOAD_SYSTEMS = {
-    "W1": ("sgl_lite", "hf_alone", "hf_manual_cache", "llama_cpp"),
+    "W1": ("sgl_lite", "hf_alone", "hf_manual_cache", "llama_cpp", "vllm"),
     "W2": ("sgl_lite", "hf_alone", "hf_manual_cache", "llama_cpp"),
-    "W3": ("sgl_lite", "hf_alone", "outlines", "llama_cpp"),
+    "W3": ("sgl_lite", "hf_alone", "outlines", "llama_cpp", "vllm"),
     "W4": (
         "sgl_lite",
         "sgl_lite_deterministic",
@@ -32,6 +32,7 @@ WORKLOAD_SYSTEMS = {
         "sgl_lite_bfloat16",
         "hf_alone",
         "llama_cpp",
+        "vllm",
     ),
     "W5": ("W1", "W2", "W3"),
     # sgl_lite on each grammar backend (bench/w3_backends.py ROWS), and in W3T the peers too

@@ -62,7 +62,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--conversations", type=int)
     p.add_argument("--questions", type=int)
     p.add_argument("--json-items", type=int)
-    p.add_argument("--no-peers", action="store_true", help="skip llama-cpp-python and outlines")
+    p.add_argument(
+        "--no-peers", action="store_true", help="skip llama-cpp-python, outlines and vLLM"
+    )
+    p.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="vLLM without torch.compile (its start-up compiles for minutes on 2 cores)",
+    )
     return p.parse_args(argv)
 
 
@@ -288,6 +295,22 @@ def tight_peer(name: str, args: argparse.Namespace) -> Any:
     return make
 
 
+def vllm_peer(args: argparse.Namespace, tokenizer: Any, folder: Path | None) -> Any:
+    """vLLM's CPU build in `.venv-vllm` (bench/vllm_peer.py), or why it is missing."""
+    if args.no_peers:
+        return "--no-peers"
+    if folder is None:
+        return "the engine has no Hugging Face model folder for vLLM to load"
+    from bench.vllm_peer import VllmPeer
+
+    try:
+        return VllmPeer(args.num_threads, tokenizer, folder, eager=args.vllm_eager)
+    except Skipped as exc:
+        return str(exc)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
 def build_systems(args: argparse.Namespace, workloads: list[str]) -> dict[str, Any]:
     """Every system, or the reason it is missing (a string)."""
     from bench.hf_baselines import HFAlone, HFManualCache, load_hf_model
@@ -314,6 +337,7 @@ def build_systems(args: argparse.Namespace, workloads: list[str]) -> dict[str, A
             systems[name] = str(exc)
         except Exception as exc:
             systems[name] = f"{type(exc).__name__}: {exc}"
+    systems["vllm"] = vllm_peer(args, sgl.tokenizer, sgl.engine.model_folder)
     if "W4" in workloads:
         from bench.sgl_engine import SglLiteMode
 
