@@ -31,6 +31,7 @@ from bench.common import (
     strip_eos,
 )
 from bench.workloads import Workloads
+from sgl_lite.backend import omp_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -55,6 +56,11 @@ def worker_env(
     (the venv's Intel OpenMP, which vLLM's CPU docs ask to be preloaded) goes in LD_PRELOAD.
     """
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in _NOT_PASSED}
+    # Nor the OpenMP wait policy sgl_lite set for its own engine (omp_policy): vLLM's users
+    # run it with its own defaults.
+    for key, value in omp_policy.variables_set().items():
+        if env.get(key) == value:
+            del env[key]
     env.update(
         {
             "VLLM_CPU_OMP_THREADS_BIND": f"0-{num_threads - 1}" if num_threads > 1 else "0",
