@@ -132,6 +132,16 @@ def _environment(results: dict) -> list[str]:
             f"{_cell(load[0]) if load else '?'} / {_cell(load_end[0]) if load_end else '?'}",
         ],
     ]
+    if "openmp_wait_policy" in env:
+        rows.append(["OpenMP wait policy", env["openmp_wait_policy"]])
+    startup = env.get("startup") or {}
+    if "total_s" in startup:
+        rows.append(
+            [
+                "start-up of a fresh engine process (s)",
+                f"{startup['total_s']} (import {startup['import_s']}, engine {startup['engine_s']})",
+            ]
+        )
     if "total_s" in env:
         rows.append(["whole run (s)", env["total_s"]])
     sizes = results.get("sizes")

@@ -18,6 +18,8 @@ REQUIRED_ENV = (
     "cpu_model",
     "versions",
     "load_average",
+    "openmp_wait_policy",
+    "startup",
     "repeats",
     "quick",
 )
