@@ -136,12 +136,8 @@ def _environment(results: dict) -> list[str]:
         rows.append(["OpenMP wait policy", env["openmp_wait_policy"]])
     startup = env.get("startup") or {}
     if "total_s" in startup:
-        rows.append(
-            [
-                "start-up of a fresh engine process (s)",
-                f"{startup['total_s']} (import {startup['import_s']}, engine {startup['engine_s']})",
-            ]
-        )
+        parts = f"import {startup['import_s']}, engine {startup['engine_s']}"
+        rows.append(["start-up of a fresh engine process (s)", f"{startup['total_s']} ({parts})"])
     if "total_s" in env:
         rows.append(["whole run (s)", env["total_s"]])
     sizes = results.get("sizes")
