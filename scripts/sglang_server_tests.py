@@ -52,7 +52,12 @@ FILES = [
     ("test_ebnf_constrained.py",),
     ("test_srt_endpoint.py",),
 ]
-INI = "[pytest]\naddopts = -p no:cacheprovider\n"
+# The files are unittest files: collect TestCase subclasses only, as `python -m unittest` does
+# (a mixin named Test... imported into a module is not a test there).
+INI = (
+    "[pytest]\naddopts = -p no:cacheprovider\n"
+    "python_classes = __unittest_only__\npython_functions = __unittest_only__\n"
+)
 
 
 def find(tests_dir: Path, candidates: tuple[str, ...]) -> Path | None:
