@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -121,3 +122,23 @@ def test_previous_response_id_turn_is_served_from_the_cache(client, url):
     # the first prompt and its answer begin the second prompt
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+
+
+def test_sglang_s_sampling_extensions_and_usage_names(client, url):
+    # SGLang's test_openai_server sends frequency_penalty to /v1/responses and reads chat's
+    # usage names; stop is honoured like chat's
+    body = {"model": SERVED, "input": "Count: 1, 2, 3,", "temperature": 0, "max_output_tokens": 8}
+    plain = httpx.post(f"{url}/v1/responses", json=body, timeout=120).json()
+    text = plain["output"][0]["content"][0]["text"]
+    usage = plain["usage"]
+    assert usage["prompt_tokens"] == usage["input_tokens"] > 0
+    assert usage["completion_tokens"] == usage["output_tokens"] > 0
+    extras = {"frequency_penalty": 1.0, "top_k": 1, "min_p": 0.0, "repetition_penalty": 1.0}
+    reply = httpx.post(f"{url}/v1/responses", json={**body, **extras}, timeout=120)
+    assert reply.status_code == 200 and reply.json()["object"] == "response", reply.text
+    stop = text.strip()[-1:]
+    cut = httpx.post(f"{url}/v1/responses", json={**body, "stop": [stop]}, timeout=120).json()
+    kept = "".join(p["text"] for item in cut["output"] for p in item.get("content", []))
+    assert stop and stop not in kept and text.startswith(kept), (text, kept)
+    bad = httpx.post(f"{url}/v1/responses", json={**body, "frequency_penalty": 3}, timeout=30)
+    assert bad.status_code == 400 and "frequency_penalty" in bad.text

@@ -79,3 +79,23 @@ def test_a_tool_call_parser_sglang_has_and_we_do_not_is_a_start_up_error():
     assert done.returncode == 2
     assert "--tool-call-parser deepseekv3: no such tool-call format here" in done.stderr
     assert "qwen25 (= hermes)" in done.stderr
+
+
+def test_a_stop_token_id_past_the_vocabulary_never_matches_and_is_accepted(server):
+    # SGLang's json_constrained kit sends Llama-3's id 119690 to every model (49152 here)
+    body = {
+        "text": "Introduce the capital of France. Return in a JSON format.",
+        "sampling_params": {
+            "temperature": 0,
+            "max_new_tokens": 8,
+            "stop_token_ids": [119690],
+            "json_schema": '{"type": "object", "properties": {"name": {"type": "string"}}}',
+        },
+    }
+    reply = httpx.post(f"{server.url}/generate", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    finish = reply.json()["meta_info"]["finish_reason"]
+    assert finish["type"] in ("stop", "length") and finish.get("matched") != 119690, finish
+    body["sampling_params"]["stop_token_ids"] = [-1]
+    refused = httpx.post(f"{server.url}/generate", json=body, timeout=30)
+    assert refused.status_code == 400 and "stop_token_ids" in refused.text

@@ -38,7 +38,7 @@ def build(builder: RequestBuilder, *args, **kwargs):
         ({"prompt": ["a"], "rid": ["x", "y"]}, "rid"),
         ({"prompt": "a", "logprob_start_len": 5}, "logprob_start_len"),
         ({"prompt": "a", "sampling_params": {"max_new_tokens": 200}}, "max_new_tokens"),
-        ({"prompt": "a", "sampling_params": {"stop_token_ids": [VOCAB]}}, "stop_token_ids"),
+        ({"prompt": "a", "sampling_params": {"stop_token_ids": [-1]}}, "stop_token_ids"),
         ({"prompt": "a", "sampling_params": {"stop": [""]}}, "stop"),
         ({"prompt": "a", "sampling_params": {"stop_regex": "x*"}}, "stop_regex"),
         ({"prompt": "a", "sampling_params": {"regex": "a", "json_schema": "{}"}}, "regex"),

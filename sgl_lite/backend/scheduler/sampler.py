@@ -155,7 +155,9 @@ class Sampler:
         for i in blocks:
             params = reqs[i].sampling_params
             stop_ids = [
-                t for t in self.eos_token_ids | set(params.stop_token_ids) if t < self.vocab_size
+                t
+                for t in self.eos_token_ids | set(params.stop_token_ids)
+                if 0 <= t < self.vocab_size
             ]
             logits[i, stop_ids] = float("-inf")
         if processors:  # a processor that banned all the constraint allows: nothing to draw

@@ -162,6 +162,7 @@ def add_responses_routes(
             "max_new_tokens": max_tokens,
             "temperature": 1.0 if req.temperature is None else req.temperature,
             "top_p": 1.0 if req.top_p is None else req.top_p,
+            **req.sampling_extras(),
             **_constraint(req, plan, engine),
         }
         raw = plan.mode == "auto" and setup.keep_special
@@ -545,4 +546,7 @@ def _usage(meta: dict[str, Any]) -> dict[str, Any]:
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
+        # SGLang's names of the same counts (its Responses usage is chat's), for its clients
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
     }

@@ -170,6 +170,21 @@ class ResponsesRequest(_Wire):
     parallel_tool_calls: StrictBool | None = None
     metadata: dict[StrictStr, StrictStr] | None = Field(None, max_length=16)  # echoed back
     user: StrictStr | None = None  # echoed back
+    # SGLang's extensions of the body (its ResponsesRequest), as on /v1/chat/completions
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, strict=True)
+    presence_penalty: float = Field(0.0, ge=-2, le=2, strict=True)
+    repetition_penalty: float = Field(1.0, strict=True)
+    top_k: StrictInt = -1
+    min_p: float = Field(0.0, ge=0, le=1, strict=True)
+    stop: StrictStr | list[StrictStr] | None = None
+
+    def sampling_extras(self) -> dict[str, Any]:
+        """SGLang's sampling extensions the request sets (the engine checks their values)."""
+        extras = ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p")
+        out = {k: getattr(self, k) for k in extras if k in self.model_fields_set}
+        if self.stop is not None:
+            out["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return out
 
 
 _IMPLEMENTED = frozenset(ResponsesRequest.model_fields)

@@ -1,0 +1,1 @@
+"""sglang.srt.sampling: the names SGLang's server tests import from it."""
