@@ -13,7 +13,10 @@ except the format rewrite, which narrows as every compiled format does (formats.
   `type: string`), `uniqueItems` when at most one item is allowed, and `propertyNames: true` are
   dropped: they hold for every instance;
 - `format: uri-reference` / `format: regex` become a pattern for a subset of RFC 3986
-  references / of regexes (text without metacharacters).
+  references / of regexes (text without metacharacters);
+- a `format` no JSON Schema draft defines (`"datetime"`) is dropped: the specification makes an
+  unknown format an annotation, and validators ignore it. Each drop is described in `notes`
+  (the response's `constraint_notes`).
 Anything else is left alone, to be enforced or refused by name by the backend. A rewrite is
 skipped where a `$ref` points inside the keyword it would replace. The final validation always
 uses the schema as submitted, never this one.
@@ -26,7 +29,10 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+import jsonschema
+
 from sgl_lite.backend.constrained.regex_check import GrammarError
+from sgl_lite.backend.constrained.schema.formats import KNOWN_FORMATS
 from sgl_lite.backend.constrained.schema.schema_merge import (
     ALL_TYPES,
     ANNOTATIONS,
@@ -76,19 +82,47 @@ def is_any_object(schema: Any) -> bool:
     )
 
 
-def normalize(schema: Any) -> Any:
-    """The schema with the rewrites of this module applied (a new object; input untouched)."""
-    if not isinstance(schema, dict) or "unevaluated" in json.dumps(schema):
-        # NOTE: new sub-schemas would change which properties/items count as evaluated
+def normalize(schema: Any, notes: list[str] | None = None) -> Any:
+    """The schema with the rewrites of this module applied (a new object; input untouched);
+    what they leave unenforced or narrow is appended to `notes`, one sentence each."""
+    if not isinstance(schema, dict):
         return schema
-    return _Normalizer(schema).node(schema, ())
+    # NOTE: new sub-schemas would change which properties/items count as evaluated; dropping
+    # an annotation changes nothing
+    structural = "unevaluated" not in json.dumps(schema)
+    return _Normalizer(schema, structural, notes).node(schema, ())
+
+
+def is_unknown_format(name: Any) -> bool:
+    """Whether `format: name` is an annotation: a name no draft defines and no validator checks."""
+    return (
+        isinstance(name, str)
+        and name not in KNOWN_FORMATS
+        and name not in jsonschema.FormatChecker.checkers
+    )
+
+
+def format_notes(schema: Any) -> list[str]:
+    """The notes `normalize` gives the unknown formats of `schema`, for backends that read the
+    schema as submitted (xgrammar ignores an unknown format too)."""
+    notes: list[str] = []
+    _Normalizer(schema if isinstance(schema, dict) else {}, False, notes).node(schema, ())
+    return notes
+
+
+def pointer(path: tuple[str, ...]) -> str:
+    """`path` as a JSON pointer ("/" for the root)."""
+    return "/" + "/".join(_escape(p) for p in path)
 
 
 class _Normalizer:
-    """Walks one root schema keyword by keyword; `protected` are the paths $refs point into."""
+    """Walks one root schema keyword by keyword; `protected` are the paths $refs point into.
+    With `structural` False only annotations are dropped (unknown formats)."""
 
-    def __init__(self, root: dict) -> None:
+    def __init__(self, root: dict, structural: bool = True, notes: list[str] | None = None) -> None:
         self.root = root
+        self.structural = structural
+        self.notes = notes if notes is not None else []
         self.protected: set[tuple[str, ...]] = set()
         _collect_refs(root, self.protected)
 
@@ -123,6 +157,15 @@ class _Normalizer:
         return self._rewrite(out, path)
 
     def _rewrite(self, node: dict, path: tuple[str, ...]) -> dict:
+        fmt = node.get("format")
+        if is_unknown_format(fmt):
+            del node["format"]
+            self.notes.append(
+                f"format {fmt!r} at {pointer(path)} is not a format JSON Schema defines: it is an "
+                "annotation and was not enforced"
+            )
+        if not self.structural:
+            return node
         types = self.possible_types(node, 0)
         for key in (*_ARRAY_ONLY, *_OBJECT_ONLY):
             kind = "array" if key in _ARRAY_ONLY else "object"
