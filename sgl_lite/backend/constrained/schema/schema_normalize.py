@@ -1,7 +1,8 @@
 """Rewrites of a JSON Schema into keywords the backends enforce, before any backend sees it.
 
 Every rewrite here is exact (an instance is valid before if and only if it is valid after),
-except the format rewrite, which narrows as every compiled format does (formats.py):
+except the format rewrite, which narrows as every compiled format does (formats.py), and the
+restrictions listed below:
 - `oneOf` whose branches provably exclude each other (types, literals, a required property with
   disjoint literals) is `anyOf`; a `oneOf` of bare `required` lists ("exactly one of these
   keys") is an `anyOf` whose branches forbid the other keys (`properties: {k: false}`);
@@ -14,6 +15,9 @@ except the format rewrite, which narrows as every compiled format does (formats.
   dropped: they hold for every instance;
 - `format: uri-reference` / `format: regex` become a pattern for a subset of RFC 3986
   references / of regexes (text without metacharacters);
+- sound restrictions (a subset of the valid instances, each described in `notes`):
+  `uniqueItems` with `minItems` <= 1 becomes `maxItems: 1`; a `oneOf` whose branches are not
+  all provably disjoint keeps, as an `anyOf`, the branches disjoint from every other one;
 - a `format` no JSON Schema draft defines (`"datetime"`) is dropped: the specification makes an
   unknown format an annotation, and validators ignore it. Each drop is described in `notes`
   (the response's `constraint_notes`).
@@ -175,6 +179,18 @@ class _Normalizer:
             node.get("uniqueItems") is True and node.get("maxItems", 2) <= 1
         ):
             del node["uniqueItems"]
+        elif (
+            node.get("uniqueItems") is True
+            and node.get("minItems", 0) <= 1
+            and not self._referenced(path, "uniqueItems")
+        ):
+            # NOTE: a sound restriction: an array of at most one item has distinct items
+            del node["uniqueItems"]
+            node["maxItems"] = 1
+            self.notes.append(
+                f"uniqueItems at {pointer(path)}: arrays are written with at most one item "
+                "(distinct items cannot be tracked; a subset of the valid arrays)"
+            )
         if node.get("propertyNames") in (True, {}):
             del node["propertyNames"]
         self._property_names(node, path)
@@ -226,14 +242,23 @@ class _Normalizer:
             return
         resolved = [self.deref(b) for b in branches]
         within = declared_types(node)  # the node's own `type` already rules out the rest
-        if all(
-            self.disjoint(a, resolved[j], within)
+        apart = [
+            all(self.disjoint(a, b, within) for j, b in enumerate(resolved) if j != i)
             for i, a in enumerate(resolved)
-            for j in range(i + 1, len(resolved))
-        ):
+        ]
+        if all(apart):
             new: list[Schema] | None = branches
         else:
             new = exclusive_required(resolved)
+        if new is None and any(apart):
+            # NOTE: a sound restriction: a value of a branch disjoint from every other one
+            # matches exactly one branch; the branches that may overlap are not written
+            new = [b for b, ok in zip(branches, apart) if ok]
+            dropped = ", ".join(str(i) for i, ok in enumerate(apart) if not ok)
+            self.notes.append(
+                f"oneOf at {pointer(path)}: branches {dropped} may match one value together, so "
+                "only the other branches are written (a subset of the valid values)"
+            )
         if new is None:
             return
         del node["oneOf"]
