@@ -464,6 +464,11 @@ _LLG_UNSUPPORTED: tuple[tuple[re.Pattern[str], str | None, Callable[[str], _Test
     (re.compile(r"Unknown format: (\S+)"), "format", lambda name: name.__eq__),
     (re.compile(r"oneOf constraints are not supported"), "oneOf", None),
     (
+        re.compile(r"required property '([^']*)' is unsatisfiable"),
+        "required",
+        lambda name: lambda names: isinstance(names, list) and name in names,
+    ),
+    (
         re.compile(r"Resource '(.*)' is not present in a registry"),
         "$ref",
         lambda _: lambda ref: isinstance(ref, str) and not ref.startswith("#"),
