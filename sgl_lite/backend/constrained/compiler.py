@@ -36,6 +36,7 @@ from sgl_lite.backend.constrained.compile_stats import CompileStats
 from sgl_lite.backend.constrained.matchers.llguidance_backend import (
     LLGrammar,
     check_llguidance,
+    ll_tokenizer,
     to_llguidance,
 )
 from sgl_lite.backend.constrained.matchers.xgrammar_backend import XGGrammar, to_xgrammar
@@ -113,6 +114,13 @@ class GrammarCompiler:
         self._no_automaton: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = CompileStats()  # every build's duration, for /metrics
+        if backend == "auto":
+            # NOTE: llguidance's view of the tokenizer takes seconds to build (more on a loaded
+            # machine); built now, off the caller's thread, a fallback at half the timeout
+            # does not pay it inside the timeout
+            threading.Thread(
+                target=_warm_llguidance, args=(tokenizer,), name="llguidance-warm", daemon=True
+            ).start()
 
     # -- validation: synchronous, fast ---------------------------------------------------
 
@@ -441,6 +449,12 @@ class _Build:
         self.tid: int | None = None
         self.abandoned = False
         self.running = 1  # the worker; the fallback thread of an abandoned build adds one
+
+
+def _warm_llguidance(tokenizer: Any) -> None:
+    """Builds (and caches) llguidance's tokenizer; a failure shows up at the first use."""
+    with contextlib.suppress(Exception):
+        ll_tokenizer(tokenizer)
 
 
 def _lower_priority(tid: int) -> None:
