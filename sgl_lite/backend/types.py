@@ -156,6 +156,9 @@ class Req:
     cached_tokens: int = 0
     guide: Guide | None = None
     grammar_future: Future[Grammar] | None = None
+    # what serving the constraint leaves unenforced (GrammarCompiler.notes): meta_info's
+    # constraint_notes
+    constraint_notes: tuple[str, ...] = ()
     generator: torch.Generator | None = None
     # the request's custom logit processor, loaded (scheduler/custom_logits.py); None: none
     custom_logit_processor: Callable[..., torch.Tensor] | None = None

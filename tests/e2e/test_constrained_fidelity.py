@@ -84,7 +84,11 @@ def test_numbers_have_bounded_digits_and_dtypes_follow() -> None:
         ),
         ({"type": "object", "unevaluatedProperties": False}, "unevaluatedProperties", "/"),
         ({"type": "array", "contains": {"const": 1}}, "contains", "/"),
-        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems", "/"),
+        (
+            {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "minItems": 2},
+            "uniqueItems",
+            "/",
+        ),
         ({"type": "integer", "multipleOf": 3}, "multipleOf", "/"),
         ({"type": "number", "minimum": 0.5}, "minimum", "/"),
         ({"type": "string", "format": "hostname"}, "format", "/"),

@@ -83,7 +83,10 @@ def test_auto_enforces_on_a_grammar_backend_what_the_automaton_cannot(engine, sc
 @pytest.mark.parametrize(
     ("schema", "keyword"),
     [
-        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
+        (  # minItems <= 1 would be served as at most one item (a sound restriction)
+            {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "minItems": 2},
+            "uniqueItems",
+        ),
         ({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}, "oneOf"),
     ],
 )

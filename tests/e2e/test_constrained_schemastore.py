@@ -68,6 +68,7 @@ def coverage(
             outcome["timed_out" if "timed out" in str(exc) else "refused"] += 1
             continue
         outcome["accepted"] += 1
+        chosen = grammar.backend  # NOTE: under auto, llguidance when the automaton fell back
         outcome[chosen] += 1
         constraint = ("json_schema", schema)
         if chosen == "outlines":

@@ -13,18 +13,21 @@ llguidance's LLGrammar or xgrammar's XGGrammar) whose `new_guide(...)` is the pe
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jsonschema
 from outlines_core import Index
 
+from sgl_lite.backend.constrained.automaton.cost import index_cost
 from sgl_lite.backend.constrained.automaton.grammar import (
     DEFAULT_MASK_CACHE_STATES,
     CompiledGrammar,
@@ -33,6 +36,7 @@ from sgl_lite.backend.constrained.compile_stats import CompileStats
 from sgl_lite.backend.constrained.matchers.llguidance_backend import (
     LLGrammar,
     check_llguidance,
+    ll_tokenizer,
     to_llguidance,
 )
 from sgl_lite.backend.constrained.matchers.xgrammar_backend import XGGrammar, to_xgrammar
@@ -44,6 +48,7 @@ from sgl_lite.backend.constrained.regex_check import (
     digits_to_ascii,
 )
 from sgl_lite.backend.constrained.schema.schema_normalize import (
+    format_notes,
     is_any_object,
     keyword_path,
     normalize,
@@ -54,7 +59,8 @@ from sgl_lite.backend.omp_threads import use_one_omp_thread
 
 GrammarKind = Literal["regex", "json_schema", "ebnf"]
 BACKENDS = ("outlines", "llguidance", "xgrammar", "auto")
-AUTO_MAX_REGEX = 4000  # "auto": longer schema regexes go to llguidance when it accepts them
+ABANDONED_NICE = 19  # an automaton build "auto" stopped waiting for runs at the lowest priority
+MAX_REMEMBERED = 1024  # patterns whose automaton build "auto" gave up on, remembered for good
 # NOTE: by default JSON is laid out exactly as `json.dumps` writes it: ", " and ": " between items
 # and nothing else (xgrammar's `any_whitespace=False`). A model cannot loop on whitespace, and
 # keys and separators are forced text that jump-forward appends without sampling. A configured
@@ -67,8 +73,12 @@ class GrammarCompiler:
     One compiler per engine. The cache is an LRU of `cache_size` compiled grammars keyed by
     (backend, normalized source), so equal patterns share one grammar whatever their kind or
     spelling. `backend` "auto" sends each request to the automaton where it expresses the whole
-    constraint and to llguidance otherwise (EBNF, schemas with keywords the automaton refuses);
-    "llguidance" and "xgrammar" send every request to that backend. The automaton cannot
+    constraint and its index is cheap to build (automaton/cost.py estimates that up front), and
+    to llguidance otherwise (EBNF, schemas with keywords the automaton refuses, patterns whose
+    index would take seconds); an automaton build that fails, or is still running at half the
+    timeout, falls back to llguidance too (the build left behind runs on at nice 19 and is never
+    started again for that pattern). "llguidance" and "xgrammar" send every request to that
+    backend. The automaton cannot
     express a context-free grammar, so under "outlines" an `ebnf` request goes to llguidance.
     """
 
@@ -99,10 +109,18 @@ class GrammarCompiler:
         self.cache_size = cache_size
         self.mask_cache_states = mask_cache_states
         self._cache: OrderedDict[tuple[str, str], Future[Grammar]] = OrderedDict()
-        self._validated: OrderedDict[tuple[str, str], tuple[str, str] | GrammarError]
-        self._validated = OrderedDict()
+        self._validated: OrderedDict[tuple[str, str], _Plan | GrammarError] = OrderedDict()
+        # automaton sources "auto" no longer builds (a build failed or was abandoned)
+        self._no_automaton: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = CompileStats()  # every build's duration, for /metrics
+        if backend == "auto":
+            # NOTE: llguidance's view of the tokenizer takes seconds to build (more on a loaded
+            # machine); built now, off the caller's thread, a fallback at half the timeout
+            # does not pay it inside the timeout
+            threading.Thread(
+                target=_warm_llguidance, args=(tokenizer,), name="llguidance-warm", daemon=True
+            ).start()
 
     # -- validation: synchronous, fast ---------------------------------------------------
 
@@ -124,6 +142,16 @@ class GrammarCompiler:
 
     def plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
         """(backend, source) for a pattern; validate() with the backend that will build it."""
+        found = self._plan_of(kind, pattern)
+        return found.backend, found.source
+
+    def notes(self, kind: str, pattern: str | dict) -> tuple[str, ...]:
+        """What serving the pattern leaves unenforced or narrows (an unknown format ignored as
+        the annotation it is...), one sentence each, for the response's `constraint_notes`;
+        GrammarError as `validate`."""
+        return self._plan_of(kind, pattern).notes
+
+    def _plan_of(self, kind: str, pattern: str | dict) -> _Plan:
         try:
             key = (kind, pattern if isinstance(pattern, str) else _dumps(pattern))
         except (TypeError, ValueError) as exc:
@@ -143,30 +171,42 @@ class GrammarCompiler:
             raise type(hit)(str(hit))
         return hit
 
-    def _plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
+    def _plan(self, kind: str, pattern: str | dict) -> _Plan:
+        notes: list[str] = []
         if self.backend == "xgrammar":
-            return "xgrammar", self._xgrammar_source(kind, pattern)
-        pattern = _prepared(kind, pattern)
+            source = self._xgrammar_source(kind, pattern)
+            if kind == "json_schema":  # xgrammar ignores an unknown format, as normalize drops it
+                notes = format_notes(_load_schema(pattern))
+            return _Plan("xgrammar", source, tuple(notes))
+        pattern = _prepared(kind, pattern, notes)
+
+        def llguidance() -> _Plan:
+            return _Plan("llguidance", self._llguidance_source(kind, pattern), tuple(notes))
+
         # a grammar, or "any JSON object" (unbounded nesting), needs a real grammar backend
         if kind == "ebnf" or self.backend == "llguidance" or _any_object(kind, pattern):
-            return "llguidance", self._llguidance_source(kind, pattern)
+            return llguidance()
         try:
             regex = self._to_regex(kind, pattern)
         except UnsupportedSchema as exc:
             if self.backend != "auto":
                 raise
             try:
-                return "llguidance", self._llguidance_source(kind, pattern)
+                return llguidance()
             except GrammarError as llg:
                 raise UnsupportedSchema(f"{exc}; llguidance refuses it too: {llg}") from None
-        if self.backend == "auto" and kind == "json_schema" and len(regex) > AUTO_MAX_REGEX:
-            # NOTE: indexing such a regex takes seconds to minutes (SchemaStore: most time
-            # out at 10 s); llguidance builds the same schema in milliseconds.
+        if self.backend != "auto":
+            return _Plan("outlines", regex, tuple(notes))
+        with self._lock:
+            given_up = regex in self._no_automaton
+        if given_up or index_cost(regex, self.vocab.size).expensive:
+            # NOTE: indexing such a regex takes seconds to minutes (long bounded strings,
+            # Unicode classes, large schemas); llguidance builds it lazily in milliseconds.
             try:
-                return "llguidance", self._llguidance_source(kind, pattern)
+                return llguidance()
             except GrammarError:
                 pass  # the automaton may still make it within the timeout
-        return "outlines", regex
+        return _Plan("outlines", regex, tuple(notes), (kind, pattern))
 
     def _llguidance_source(self, kind: str, pattern: Any) -> str:
         """llguidance's grammar for a prepared pattern (see _prepared); GrammarError if refused."""
@@ -205,16 +245,20 @@ class GrammarCompiler:
 
         Invalid patterns give an already-failed future (call `validate` to fail fast at
         submission). A build longer than `timeout_s` fails the future with GrammarError.
-        NOTE: a timed-out build cannot be stopped; it keeps running on its daemon thread and
-        later submissions of the same pattern get the same failed future until it ends; then
-        its late result (success or failure) replaces the cache entry.
+        Under "auto" an automaton build that fails, or runs past half of `timeout_s`, is
+        replaced by llguidance's build of the same pattern; the abandoned build cannot be
+        stopped, so it goes on at nice 19 and, should it succeed, its grammar replaces the
+        cache entry (the exact budget rule for later requests). NOTE: a timed-out build goes on
+        on its daemon thread too; later submissions of the same pattern get the same failed
+        future until it ends; then its late result replaces the cache entry.
         """
         try:
-            key = self.plan(kind, pattern)
+            found = self._plan_of(kind, pattern)
         except GrammarError as exc:
             failed: Future[Grammar] = Future()
             failed.set_exception(exc)
             return failed
+        key = (found.backend, found.source)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -223,12 +267,16 @@ class GrammarCompiler:
             future: Future[Grammar] = Future()
             future.set_running_or_notify_cancel()  # NOTE: shared, so no caller can cancel it
             self._put(key, future)
-        timer = threading.Timer(self.timeout_s, self._expire, args=(kind, future))
-        timer.daemon = True
+        build = _Build(kind, key, future, found.fallback)
+        build.timers.append(threading.Timer(self.timeout_s, self._expire, args=(kind, future)))
+        if found.fallback is not None:
+            build.timers.append(threading.Timer(self.timeout_s / 2, self._abandon, args=(build,)))
         worker = threading.Thread(
-            target=self._build, args=(key, future, timer), name="grammar-compile", daemon=True
+            target=self._build, args=(build,), name="grammar-compile", daemon=True
         )
-        timer.start()
+        for timer in build.timers:
+            timer.daemon = True
+            timer.start()
         worker.start()
         return future
 
@@ -239,31 +287,105 @@ class GrammarCompiler:
         (xgrammar)."""
         return self.submit(kind, pattern).result()
 
-    def _build(self, key: tuple[str, str], future: Future[Grammar], timer: threading.Timer) -> None:
+    def _build(self, build: _Build) -> None:
         use_one_omp_thread()  # no second OpenMP team beside the forward's (see omp_threads)
+        with self._lock:
+            build.tid = threading.get_native_id()
+            abandoned = build.abandoned
+            skip = build.fallback is not None and build.key[1] in self._no_automaton
+        if abandoned:
+            _lower_priority(build.tid)
+        if skip:  # an earlier build of it failed or was abandoned: never build it again
+            self._build_fallback(build)
+            return
+        outcome = self._attempt(*build.key)
+        if isinstance(outcome, GrammarError) and build.fallback is not None:
+            with self._lock:
+                self._give_up_automaton(build.key[1])
+                retry = not build.abandoned  # else the fallback is already being built
+            if retry:
+                self._build_fallback(build, failed=outcome)
+                return
+        self._settle(build, outcome, automaton=True)
+
+    def _attempt(self, backend: str, source: str) -> Grammar | GrammarError:
+        """One build, timed into `stats`; its GrammarError (or any error, as one) returned."""
         started = time.perf_counter()
         outcome: Grammar | GrammarError
         try:
-            outcome = self._build_grammar(*key)
+            outcome = self._build_grammar(backend, source)
         except GrammarError as exc:
             outcome = exc
         except Exception as exc:
             outcome = GrammarError(f"cannot compile the pattern into an automaton: {exc}")
-        timer.cancel()
         self.stats.record(time.perf_counter() - started, not isinstance(outcome, GrammarError))
+        return outcome
+
+    def _abandon(self, build: _Build) -> None:
+        """Half the timeout has passed on an automaton build: lower its priority, remember
+        never to start it again, and build llguidance's grammar for the future instead."""
         with self._lock:
+            if build.future.done() or build.abandoned:
+                return
+            build.abandoned = True
+            build.running += 1  # the fallback's attempt beside the automaton's
+            self._give_up_automaton(build.key[1])
+            tid = build.tid
+        if tid is not None:
+            _lower_priority(tid)
+        threading.Thread(
+            target=self._build_fallback, args=(build,), name="grammar-fallback", daemon=True
+        ).start()
+
+    def _build_fallback(self, build: _Build, failed: GrammarError | None = None) -> None:
+        """llguidance's grammar for the pattern of `build` (its automaton build failed with
+        `failed`, or was abandoned), settled into its future."""
+        use_one_omp_thread()
+        assert build.fallback is not None
+        kind, pattern = build.fallback
+        try:
+            source = self._llguidance_source(kind, pattern)
+        except GrammarError as exc:
+            outcome: Grammar | GrammarError = exc
+        else:
+            outcome = self._attempt("llguidance", source)
+        if isinstance(outcome, GrammarError) and failed is not None:
+            outcome = GrammarError(f"{failed}; llguidance cannot build it either: {outcome}")
+        self._settle(build, outcome, automaton=False)
+
+    def _settle(self, build: _Build, outcome: Grammar | GrammarError, *, automaton: bool) -> None:
+        """Resolves the future of `build` with `outcome`, or, when it is already resolved
+        (timed out, or served by the fallback), keeps a late result in the cache: a late
+        automaton always, anything over a timeout error."""
+        failed = isinstance(outcome, GrammarError)
+        with self._lock:
+            build.running -= 1
+            future = build.future
             if not future.done():
+                if failed and build.running > 0:
+                    return  # the other attempt (automaton or fallback) may still succeed
                 target = future
-            elif self._cache.get(key) is future:  # timed out earlier: keep the late result
+            elif self._cache.get(build.key) is future and (
+                (automaton and not failed) or future.exception() is not None
+            ):
                 target = Future()
                 target.set_running_or_notify_cancel()
-                self._put(key, target)
+                self._put(build.key, target)
             else:
                 return
             if isinstance(outcome, GrammarError):
                 target.set_exception(outcome)
             else:
                 target.set_result(outcome)
+        if target is future:
+            for timer in build.timers:
+                timer.cancel()
+
+    def _give_up_automaton(self, source: str) -> None:
+        """Remembers (caller holds the lock) that "auto" builds `source` with llguidance."""
+        self._no_automaton[source] = None
+        while len(self._no_automaton) > MAX_REMEMBERED:
+            self._no_automaton.popitem(last=False)
 
     def _build_grammar(self, backend: str, regex: str) -> Grammar:
         if backend == "llguidance":
@@ -297,6 +419,51 @@ class GrammarCompiler:
             self._cache.popitem(last=False)
 
 
+class _Plan(NamedTuple):
+    """What validation decided for one pattern: the backend, the source it compiles, the notes
+    for the response, and (auto, automaton) the prepared pattern llguidance builds instead if
+    the automaton's build fails or is abandoned."""
+
+    backend: str
+    source: str
+    notes: tuple[str, ...] = ()
+    fallback: tuple[str, Any] | None = None
+
+
+class _Build:
+    """One build in flight: its key and shared future, the worker's thread id (for its
+    priority), whether "auto" stopped waiting for the automaton, how many attempts still run."""
+
+    def __init__(
+        self,
+        kind: str,
+        key: tuple[str, str],
+        future: Future[Grammar],
+        fallback: tuple[str, Any] | None,
+    ) -> None:
+        self.kind = kind
+        self.key = key
+        self.future = future
+        self.fallback = fallback
+        self.timers: list[threading.Timer] = []
+        self.tid: int | None = None
+        self.abandoned = False
+        self.running = 1  # the worker; the fallback thread of an abandoned build adds one
+
+
+def _warm_llguidance(tokenizer: Any) -> None:
+    """Builds (and caches) llguidance's tokenizer; a failure shows up at the first use."""
+    with contextlib.suppress(Exception):
+        ll_tokenizer(tokenizer)
+
+
+def _lower_priority(tid: int) -> None:
+    """Nice 19 for one thread (Linux: a thread id is a PRIO_PROCESS target); never fatal."""
+    # NOTE: not on this platform, or the thread is gone: nothing to slow down
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, tid, ABANDONED_NICE)
+
+
 def _any_object(kind: str, pattern: str | dict) -> bool:
     """A json_schema for any JSON object: llguidance whatever the backend (it is exact, the
     automaton only bounded)."""
@@ -310,6 +477,11 @@ _LLG_UNSUPPORTED: tuple[tuple[re.Pattern[str], str | None, Callable[[str], _Test
     (re.compile(r'Unimplemented keys: \["([^"]+)"'), None, None),
     (re.compile(r"Unknown format: (\S+)"), "format", lambda name: name.__eq__),
     (re.compile(r"oneOf constraints are not supported"), "oneOf", None),
+    (
+        re.compile(r"required property '([^']*)' is unsatisfiable"),
+        "required",
+        lambda name: lambda names: isinstance(names, list) and name in names,
+    ),
     (
         re.compile(r"Resource '(.*)' is not present in a registry"),
         "$ref",
@@ -339,11 +511,12 @@ def _with_path(exc: GrammarError, schema: Any) -> GrammarError:
     return exc
 
 
-def _prepared(kind: str, pattern: Any) -> Any:
+def _prepared(kind: str, pattern: Any, notes: list[str] | None = None) -> Any:
     """A json_schema loaded, checked against its metaschema and rewritten into keywords
-    the backends enforce (schema_normalize); any other pattern as it is. The output is still
-    validated against the schema as submitted."""
-    return normalize(_load_schema(pattern)) if kind == "json_schema" else pattern
+    the backends enforce (schema_normalize, which appends to `notes` what it leaves unenforced
+    or narrows); any other pattern as it is. The output is still validated against the schema
+    as submitted."""
+    return normalize(_load_schema(pattern), notes) if kind == "json_schema" else pattern
 
 
 def _dumps(schema: Any) -> str:

@@ -125,6 +125,7 @@ class RequestBuilder:
             # SGLang: -1 with return_logprob means "from the last prompt token" (one entry).
             start = logprob_start_len if logprob_start_len >= 0 else len(ids) - 1
             grammar = self._start_grammar(params)
+            notes = () if params.constraint is None else self.compiler.notes(*params.constraint)
             base = req_rid or new_rid()
             groups.append(
                 [
@@ -137,6 +138,7 @@ class RequestBuilder:
                         else None,
                         stream=stream,
                         grammar_future=grammar,
+                        constraint_notes=notes,
                         custom_logit_processor=processor,
                         generator=None
                         if params.sampling_seed is None

@@ -153,8 +153,9 @@ class OutputProcessor:
 
 
 def _constraint_meta(req: Req, detok: IncrementalDetokenizer) -> dict[str, Any] | None:
-    """A finished constrained output checked against its constraint, once, at the end."""
+    """A finished constrained output checked against its constraint, once, at the end, with
+    `constraint_notes`: what serving it left unenforced (an unknown format...), often none."""
     reason = req.finish_reason
     if req.guide is None or reason is None or reason.type == "abort":
         return None
-    return req.guide.meta_info(detok.text)
+    return {**req.guide.meta_info(detok.text), "constraint_notes": list(req.constraint_notes)}

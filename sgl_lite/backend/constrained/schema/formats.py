@@ -2,7 +2,9 @@
 
 Each pattern is a subset of what the format allows, chosen so that `jsonschema`'s format
 checker accepts every match (dates are real calendar dates: 29 February is left out rather than
-tracking leap years). A format not listed here is refused by the schema compiler.
+tracking leap years). A format JSON Schema defines but not listed here is refused by the schema
+compiler; a name no draft defines (`KNOWN_FORMATS`) is an annotation, as the specification
+says of unknown formats: schema_normalize drops it and the response's meta info says so.
 """
 
 from __future__ import annotations
@@ -25,3 +27,15 @@ STRING_FORMATS: dict[str, str] = {
     "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
     "uri": rf"https?://{_LABEL}(\.{_LABEL}){{0,4}}(/[A-Za-z0-9._~%-]{{1,32}}){{0,8}}/?",
 }
+
+# Every format name some JSON Schema draft defines (draft 3 to 2020-12). Any other name is an
+# annotation: validators ignore it, so it constrains nothing.
+KNOWN_FORMATS = frozenset(
+    {
+        "date-time", "date", "time", "duration", "email", "idn-email", "hostname",
+        "idn-hostname", "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid",
+        "uri-template", "json-pointer", "relative-json-pointer", "regex",
+        # draft 3's
+        "utc-millisec", "color", "style", "phone", "ip-address", "host-name",
+    }
+)  # fmt: skip

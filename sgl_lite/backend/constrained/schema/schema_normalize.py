@@ -1,7 +1,8 @@
 """Rewrites of a JSON Schema into keywords the backends enforce, before any backend sees it.
 
 Every rewrite here is exact (an instance is valid before if and only if it is valid after),
-except the format rewrite, which narrows as every compiled format does (formats.py):
+except the format rewrite, which narrows as every compiled format does (formats.py), and the
+restrictions listed below:
 - `oneOf` whose branches provably exclude each other (types, literals, a required property with
   disjoint literals) is `anyOf`; a `oneOf` of bare `required` lists ("exactly one of these
   keys") is an `anyOf` whose branches forbid the other keys (`properties: {k: false}`);
@@ -13,7 +14,13 @@ except the format rewrite, which narrows as every compiled format does (formats.
   `type: string`), `uniqueItems` when at most one item is allowed, and `propertyNames: true` are
   dropped: they hold for every instance;
 - `format: uri-reference` / `format: regex` become a pattern for a subset of RFC 3986
-  references / of regexes (text without metacharacters).
+  references / of regexes (text without metacharacters);
+- sound restrictions (a subset of the valid instances, each described in `notes`):
+  `uniqueItems` with `minItems` <= 1 becomes `maxItems: 1`; a `oneOf` whose branches are not
+  all provably disjoint keeps, as an `anyOf`, the branches disjoint from every other one;
+- a `format` no JSON Schema draft defines (`"datetime"`) is dropped: the specification makes an
+  unknown format an annotation, and validators ignore it. Each drop is described in `notes`
+  (the response's `constraint_notes`).
 Anything else is left alone, to be enforced or refused by name by the backend. A rewrite is
 skipped where a `$ref` points inside the keyword it would replace. The final validation always
 uses the schema as submitted, never this one.
@@ -26,7 +33,10 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+import jsonschema
+
 from sgl_lite.backend.constrained.regex_check import GrammarError
+from sgl_lite.backend.constrained.schema.formats import KNOWN_FORMATS
 from sgl_lite.backend.constrained.schema.schema_merge import (
     ALL_TYPES,
     ANNOTATIONS,
@@ -76,19 +86,47 @@ def is_any_object(schema: Any) -> bool:
     )
 
 
-def normalize(schema: Any) -> Any:
-    """The schema with the rewrites of this module applied (a new object; input untouched)."""
-    if not isinstance(schema, dict) or "unevaluated" in json.dumps(schema):
-        # NOTE: new sub-schemas would change which properties/items count as evaluated
+def normalize(schema: Any, notes: list[str] | None = None) -> Any:
+    """The schema with the rewrites of this module applied (a new object; input untouched);
+    what they leave unenforced or narrow is appended to `notes`, one sentence each."""
+    if not isinstance(schema, dict):
         return schema
-    return _Normalizer(schema).node(schema, ())
+    # NOTE: new sub-schemas would change which properties/items count as evaluated; dropping
+    # an annotation changes nothing
+    structural = "unevaluated" not in json.dumps(schema)
+    return _Normalizer(schema, structural, notes).node(schema, ())
+
+
+def is_unknown_format(name: Any) -> bool:
+    """Whether `format: name` is an annotation: a name no draft defines and no validator checks."""
+    return (
+        isinstance(name, str)
+        and name not in KNOWN_FORMATS
+        and name not in jsonschema.FormatChecker.checkers
+    )
+
+
+def format_notes(schema: Any) -> list[str]:
+    """The notes `normalize` gives the unknown formats of `schema`, for backends that read the
+    schema as submitted (xgrammar ignores an unknown format too)."""
+    notes: list[str] = []
+    _Normalizer(schema if isinstance(schema, dict) else {}, False, notes).node(schema, ())
+    return notes
+
+
+def pointer(path: tuple[str, ...]) -> str:
+    """`path` as a JSON pointer ("/" for the root)."""
+    return "/" + "/".join(_escape(p) for p in path)
 
 
 class _Normalizer:
-    """Walks one root schema keyword by keyword; `protected` are the paths $refs point into."""
+    """Walks one root schema keyword by keyword; `protected` are the paths $refs point into.
+    With `structural` False only annotations are dropped (unknown formats)."""
 
-    def __init__(self, root: dict) -> None:
+    def __init__(self, root: dict, structural: bool = True, notes: list[str] | None = None) -> None:
         self.root = root
+        self.structural = structural
+        self.notes = notes if notes is not None else []
         self.protected: set[tuple[str, ...]] = set()
         _collect_refs(root, self.protected)
 
@@ -123,6 +161,15 @@ class _Normalizer:
         return self._rewrite(out, path)
 
     def _rewrite(self, node: dict, path: tuple[str, ...]) -> dict:
+        fmt = node.get("format")
+        if is_unknown_format(fmt):
+            del node["format"]
+            self.notes.append(
+                f"format {fmt!r} at {pointer(path)} is not a format JSON Schema defines: it is an "
+                "annotation and was not enforced"
+            )
+        if not self.structural:
+            return node
         types = self.possible_types(node, 0)
         for key in (*_ARRAY_ONLY, *_OBJECT_ONLY):
             kind = "array" if key in _ARRAY_ONLY else "object"
@@ -132,6 +179,18 @@ class _Normalizer:
             node.get("uniqueItems") is True and node.get("maxItems", 2) <= 1
         ):
             del node["uniqueItems"]
+        elif (
+            node.get("uniqueItems") is True
+            and node.get("minItems", 0) <= 1
+            and not self._referenced(path, "uniqueItems")
+        ):
+            # NOTE: a sound restriction: an array of at most one item has distinct items
+            del node["uniqueItems"]
+            node["maxItems"] = 1
+            self.notes.append(
+                f"uniqueItems at {pointer(path)}: arrays are written with at most one item "
+                "(distinct items cannot be tracked; a subset of the valid arrays)"
+            )
         if node.get("propertyNames") in (True, {}):
             del node["propertyNames"]
         self._property_names(node, path)
@@ -183,14 +242,23 @@ class _Normalizer:
             return
         resolved = [self.deref(b) for b in branches]
         within = declared_types(node)  # the node's own `type` already rules out the rest
-        if all(
-            self.disjoint(a, resolved[j], within)
+        apart = [
+            all(self.disjoint(a, b, within) for j, b in enumerate(resolved) if j != i)
             for i, a in enumerate(resolved)
-            for j in range(i + 1, len(resolved))
-        ):
+        ]
+        if all(apart):
             new: list[Schema] | None = branches
         else:
             new = exclusive_required(resolved)
+        if new is None and any(apart):
+            # NOTE: a sound restriction: a value of a branch disjoint from every other one
+            # matches exactly one branch; the branches that may overlap are not written
+            new = [b for b, ok in zip(branches, apart) if ok]
+            dropped = ", ".join(str(i) for i, ok in enumerate(apart) if not ok)
+            self.notes.append(
+                f"oneOf at {pointer(path)}: branches {dropped} may match one value together, so "
+                "only the other branches are written (a subset of the valid values)"
+            )
         if new is None:
             return
         del node["oneOf"]
