@@ -103,7 +103,7 @@ def test_dtype_regexes_match_sglang_with_bounded_digits() -> None:
     ("schema", "keyword", "path"),
     [
         (
-            {"properties": {"tags": {"type": "array", "uniqueItems": True}}},
+            {"properties": {"tags": {"type": "array", "uniqueItems": True, "minItems": 2}}},
             "uniqueItems",
             "/properties/tags",
         ),
