@@ -10,8 +10,12 @@ This module knows nothing about grammars or requests.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,33 +125,66 @@ def build_token_vocabulary(
     )
 
 
-_CACHE: dict[int, tuple[Any, TokenVocabulary]] = {}
-_LOCK = threading.Lock()
+def tokenizer_key(tokenizer: Any) -> str:
+    """What a tokenizer's token view depends on, as a key: its vocabulary (ids and strings,
+    added tokens among them), width and eos. Engines that load the same tokenizer (every test
+    and server restart loads its own object) share one vocabulary and one llguidance view."""
+    vocab = tokenizer.get_vocab()
+    special = sorted(getattr(tokenizer, "all_special_ids", []) or [])
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = repr(getattr(backend, "decoder", None)) if backend is not None else ""
+    content = json.dumps([sorted(vocab.items()), special, decoder, type(tokenizer).__name__])
+    digest = hashlib.sha256(content.encode()).hexdigest()[:24]
+    return f"{len(tokenizer)}:{tokenizer.eos_token_id}:{digest}"
+
+
+class KeyedCache:
+    """A small LRU of values built per tokenizer (`tokenizer_key`): a process holds a few at
+    most, however many engines it starts (each build takes seconds and holds megabytes)."""
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_or_build(self, tokenizer: Any, build: Callable[[Any], Any]) -> Any:
+        """The cached value for `tokenizer`, or `build(tokenizer)` cached."""
+        key = tokenizer_key(tokenizer)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        built = build(tokenizer)
+        with self._lock:
+            self._items[key] = built
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return built
+
+
+_CACHE = KeyedCache()
 
 
 def vocabulary_for(tokenizer: Any) -> TokenVocabulary:
-    """The tokenizer's vocabulary, built on first use and cached on the tokenizer's identity.
+    """The tokenizer's vocabulary, built on first use and cached by its content.
 
     Mask width is `len(tokenizer)` (the model's logits width for SmolLM2); a model whose
     logits are wider pads the mask with False.
     """
-    with _LOCK:
-        hit = _CACHE.get(id(tokenizer))
-        if hit is not None and hit[0] is tokenizer:
-            return hit[1]
+    return _CACHE.get_or_build(tokenizer, _build_vocabulary)
+
+
+def _build_vocabulary(tokenizer: Any) -> TokenVocabulary:
     vocab = tokenizer.get_vocab()
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     special |= set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
-    built = build_token_vocabulary(
+    return build_token_vocabulary(
         vocab,
         eos_token_id=tokenizer.eos_token_id,
         special_ids=special,
         byte_level=is_byte_level(tokenizer, vocab),
         size=len(tokenizer),
     )
-    with _LOCK:
-        _CACHE[id(tokenizer)] = (tokenizer, built)  # NOTE: keeps the tokenizer alive
-    return built
 
 
 _BYTE_VOCAB: Vocabulary | None = None

@@ -12,7 +12,6 @@ about the engine.
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
 import torch
@@ -22,25 +21,18 @@ from sgl_lite.backend.constrained.matchers.grammar_guide import BackendGuide, Cl
 from sgl_lite.backend.constrained.matchers.grammar_mask import text_token_mask, unpack_bitmask
 from sgl_lite.backend.constrained.protocols import Constraint
 from sgl_lite.backend.constrained.regex_check import GrammarError
-from sgl_lite.backend.constrained.vocab import vocabulary_for
+from sgl_lite.backend.constrained.vocab import KeyedCache, vocabulary_for
 
 _JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
-_TOKENIZERS: dict[int, tuple[Any, Any]] = {}
-_LOCK = threading.Lock()
+_TOKENIZERS = KeyedCache()
 
 
 def ll_tokenizer(tokenizer: Any) -> Any:
-    """llguidance's view of a HF fast tokenizer, built once per tokenizer (~2 s for SmolLM2)."""
+    """llguidance's view of a HF fast tokenizer, built once per tokenizer content (~2 s for
+    SmolLM2) and shared by every engine of the process that loads the same tokenizer."""
     import llguidance.hf
 
-    with _LOCK:
-        hit = _TOKENIZERS.get(id(tokenizer))
-        if hit is not None and hit[0] is tokenizer:
-            return hit[1]
-    built = llguidance.hf.from_tokenizer(tokenizer)
-    with _LOCK:
-        _TOKENIZERS[id(tokenizer)] = (tokenizer, built)
-    return built
+    return _TOKENIZERS.get_or_build(tokenizer, llguidance.hf.from_tokenizer)
 
 
 def to_llguidance(kind: str, pattern: Any, *, whitespace: str | None = None) -> str:
