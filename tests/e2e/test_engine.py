@@ -304,7 +304,7 @@ def test_sampling_with_a_seed_is_reproducible(engine):
         ({"prompt": "hi", "sampling_params": {"max_new_tokens": 10**6}}, "context length"),
         ({"prompt": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
         ({"prompt": "hi", "sampling_params": {"max_new_tokens": "ten"}}, "max_new_tokens"),
-        ({"prompt": "hi", "sampling_params": {"stop_token_ids": [10**9]}}, "stop_token_ids"),
+        ({"prompt": "hi", "sampling_params": {"stop_token_ids": [-1]}}, "stop_token_ids"),
         ({"prompt": "hi", "sampling_params": {"logit_bias": {"1000000": 1}}}, "logit_bias"),
         ({"prompt": "hi", "sampling_params": {"logit_bias": {"5": -101}}}, "logit_bias"),
     ],
