@@ -24,8 +24,9 @@ from typing import Any
 
 # Each setting: a name, and what the child's environment gets (None: sgl_lite's default).
 POLICIES: dict[str, dict[str, str] | None] = {
-    "default (passive)": None,
+    "default (short spin)": None,
     "spinning (libgomp's default)": {"SGL_LITE_KEEP_OMP_DEFAULTS": "1"},
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
 }
 
 CHILD = """

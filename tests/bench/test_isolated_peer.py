@@ -46,7 +46,7 @@ def crashing_warmup_peer(options):
 
 class _EnvPeer:
     def w4(self, wl) -> dict:
-        return {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}
+        return {"omp_wait_policy": os.environ.get("GOMP_SPINCOUNT", "")}
 
 
 def env_peer(options):
@@ -88,10 +88,10 @@ def test_a_peer_starts_without_the_wait_policy_sgl_lite_set_for_itself(monkeypat
     from sgl_lite.backend import omp_policy
 
     monkeypatch.setattr(omp_policy, "_state", "set")
-    monkeypatch.setenv("OMP_WAIT_POLICY", omp_policy.DEFAULT_POLICY)
+    monkeypatch.setenv(omp_policy.DEFAULT_KNOB, omp_policy.DEFAULT_VALUE)
     peer = IsolatedPeer(f"{__name__}:env_peer", 1, OPTIONS)
     try:
         assert peer.w4(None) == {"omp_wait_policy": ""}
     finally:
         peer.shutdown()
-    assert os.environ["OMP_WAIT_POLICY"] == omp_policy.DEFAULT_POLICY  # ours is restored
+    assert os.environ[omp_policy.DEFAULT_KNOB] == omp_policy.DEFAULT_VALUE  # ours is restored
