@@ -10,10 +10,12 @@ This module knows nothing about grammars or requests.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,7 +130,25 @@ def build_token_vocabulary(
 def tokenizer_key(tokenizer: Any) -> str:
     """What a tokenizer's token view depends on, as a key: its vocabulary (ids and strings,
     added tokens among them), width and eos. Engines that load the same tokenizer (every test
-    and server restart loads its own object) share one vocabulary and one llguidance view."""
+    and server restart loads its own object) share one vocabulary and one llguidance view.
+
+    Hashing a 49k-token vocabulary takes tens of milliseconds and llguidance asks for its view
+    at every validation, so the key is remembered per tokenizer object (by identity, with the
+    object's size, which adding tokens changes)."""
+    known = _KEYS.get(id(tokenizer))
+    size = len(tokenizer)
+    if known is not None and known[1] == size and known[0]() is tokenizer:
+        return known[2]
+    key = _content_key(tokenizer)
+    with contextlib.suppress(TypeError):  # an object that takes no weak reference: not kept
+        _KEYS[id(tokenizer)] = (weakref.ref(tokenizer), size, key)
+    return key
+
+
+_KEYS: dict[int, tuple[weakref.ref[Any], int, str]] = {}
+
+
+def _content_key(tokenizer: Any) -> str:
     vocab = tokenizer.get_vocab()
     special = sorted(getattr(tokenizer, "all_special_ids", []) or [])
     backend = getattr(tokenizer, "backend_tokenizer", None)
