@@ -179,9 +179,15 @@ def test_jump_forward_runs_fewer_passes_than_tokens_and_agrees(
 
 def test_slow_compile_times_out_while_other_requests_finish():
     # ~4 s to build here (a long bounded repetition); the build outlives its timeout on its
-    # thread, so it is kept short enough not to load the rest of the suite.
+    # thread, so it is kept short enough not to load the rest of the suite. The automaton
+    # backend is pinned: under "auto" a slow build falls back to llguidance, which serves it.
     slow_regex = "[a-z ]{0,500}"
-    eng = Engine(num_threads=NUM_THREADS, max_total_tokens=4096, grammar_compile_timeout=0.5)
+    eng = Engine(
+        num_threads=NUM_THREADS,
+        max_total_tokens=4096,
+        grammar_compile_timeout=0.5,
+        grammar_backend="outlines",
+    )
     try:
         box: dict = {}
 
