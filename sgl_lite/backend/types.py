@@ -91,6 +91,8 @@ class LogprobDelta:
     input_top: tuple[TopEntries, ...] | None = None
     output_tokens: tuple[LogprobEntry, ...] = ()
     output_top: tuple[TopEntries, ...] | None = None
+    # per output token, the logprobs of the request's token_ids_logprob (None when unasked)
+    output_token_ids: tuple[TopEntries, ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,9 +3,9 @@
 `create_app(engine)` builds the app; `launch_server` runs it under uvicorn. This module owns the
 wire (JSON bodies, SSE, status codes, auth, body limits) and the bridge from asyncio to the
 engine's blocking calls (`bridge.py`); it never touches tensors, slots or the scheduler. The
-OpenAI endpoints live in `openai/completions.py` and `openai/chat.py`, /tokenize in
-`tokenizer_api.py`; all share the bridge and the error body. `compat.py` decides which
-foreign request fields are honoured.
+OpenAI endpoints live in `openai/completions.py` and `openai/chat.py` (SGLang's /v1/score in
+`openai/score.py`), /tokenize in `tokenizer_api.py`; all share the bridge and the error body.
+`compat.py` decides which foreign request fields are honoured.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from sgl_lite.server.metrics import CONTENT_TYPE, ServerMetrics
 from sgl_lite.server.openai.chat import add_chat_routes
 from sgl_lite.server.openai.completions import add_openai_routes
 from sgl_lite.server.openai.responses import DEFAULT_STORE_SIZE, add_responses_routes
+from sgl_lite.server.openai.score import add_score_routes
 from sgl_lite.server.openapi import install_openapi
 from sgl_lite.server.protocol import (
     AbortRequest,
@@ -225,7 +226,7 @@ def create_app(
         return Response(await bridge.call(metrics.render), media_type=CONTENT_TYPE)
 
     accepted_names = {"default", name, config.model_path or "default", str(engine.model_folder)}
-    for add_routes in (add_openai_routes, add_chat_routes):
+    for add_routes in (add_openai_routes, add_chat_routes, add_score_routes):
         add_routes(
             app,
             bridge,

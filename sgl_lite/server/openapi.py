@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from sgl_lite.server.openai.responses_protocol import ResponsesRequest
+from sgl_lite.server.openai.score import ScoreRequest, ScoreResponse
 from sgl_lite.server.protocol import (
     AbortRequest,
     ChatCompletionRequest,
@@ -141,6 +142,7 @@ ROUTES: dict[str, tuple[type[BaseModel] | None, Any, bool]] = {
     "/v1/chat/completions": (ChatCompletionRequest, OpenAIResponse, True),
     "/v1/models": (None, ModelList, False),
     "/v1/responses": (ResponsesRequest, ResponseObject, True),
+    "/v1/score": (ScoreRequest, ScoreResponse, False),
     # "METHOD path" where a path's operations answer differently
     "GET /v1/responses/{response_id}": (None, ResponseObject, False),
     "DELETE /v1/responses/{response_id}": (None, DeletedResponse, False),

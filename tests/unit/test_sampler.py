@@ -65,6 +65,24 @@ def test_logprobs_come_from_the_raw_logits_before_penalties():
     assert values.top[0][0] == (raw.max().item(), 1)
 
 
+def test_chosen_token_ids_get_their_raw_logprobs_per_row():
+    asks, plain = req(temperature=0, repetition_penalty=2.0), req(temperature=0)
+    asks.logprobs = LogprobState(start_len=1, token_ids=(1, 7, 1))  # repeats are kept
+    plain.logprobs = LogprobState(start_len=1)
+    logits = rows(1, 4)
+    tokens, values = Sampler({EOS}, V).sample_rows(logits, [asks, plain])
+    raw = torch.log_softmax(logits[0], -1)
+    assert values is not None and values.ids is not None and values.ids[1] is None
+    assert values.ids[0] == [raw[1].item(), raw[7].item(), raw[1].item()]
+    asks.logprobs.add_output(tokens[0], values, 0, lambda t: f"<{t}>")
+    delta = asks.logprobs.take()
+    one, seven = (raw[1].item(), 1, None), (raw[7].item(), 7, None)
+    assert delta.output_token_ids == ((one, seven, one),)  # one entry per output token
+    assert asks.logprobs.take().output_token_ids == ()  # handed out once
+    plain.logprobs.add_output(tokens[1], values, 1, lambda t: None)
+    assert plain.logprobs.take().output_token_ids is None  # not asked for
+
+
 def test_sample_reads_each_requests_last_row_of_the_forward_output():
     a, b = req(temperature=0), req(temperature=0)
     slots = torch.arange(2)

@@ -144,6 +144,7 @@ class Engine:
         rid: str | list[str] | None = None,
         timeout: float | None = None,
         custom_logit_processor: str | list[str | None] | None = None,
+        token_ids_logprob: list[int] | None = None,
     ) -> Any:
         """Generates for one prompt (→ dict) or a list (→ list of dicts, one per prompt × n).
 
@@ -151,6 +152,8 @@ class Engine:
         (each with its "index" when the input was a list). `custom_logit_processor`: SGLang's
         `CustomLogitProcessor.to_str()` string (or one per prompt), which reads
         `sampling_params["custom_params"]`; the engine needs enable_custom_logit_processor=True.
+        `token_ids_logprob` (with return_logprob): per output token, those ids' logprobs in
+        meta_info's `output_token_ids_logprobs`.
         """
         outputs: queue.SimpleQueue[ReqOutput] = queue.SimpleQueue()
         sub = self.submit(
@@ -166,6 +169,7 @@ class Engine:
             rid=rid,
             timeout=timeout,
             custom_logit_processor=custom_logit_processor,
+            token_ids_logprob=token_ids_logprob,
         )
         collector = ResultCollector(sub, self.abort)
         if stream:

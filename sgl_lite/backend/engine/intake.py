@@ -84,8 +84,10 @@ class RequestBuilder:
         stream: bool,
         rid: str | list[str] | None,
         custom_logit_processor: str | list[str | None] | None = None,
+        token_ids_logprob: list[int] | None = None,
     ) -> tuple[list[list[Req]], bool]:
         """Returns (the requests of each prompt (n each), whether the input was a list)."""
+        chosen_ids = self._chosen_ids(token_ids_logprob) if return_logprob else None
         token_lists, batched = self._token_lists(prompt, input_ids)
         processors = self._processors(custom_logit_processor, len(token_lists))
         params_list = (
@@ -133,7 +135,9 @@ class RequestBuilder:
                         rid=base + (f"-{i}" if params.n > 1 else ""),
                         input_ids=list(ids),
                         sampling_params=params,
-                        logprobs=LogprobState(start, top_logprobs_num, return_text_in_logprobs)
+                        logprobs=LogprobState(
+                            start, top_logprobs_num, return_text_in_logprobs, chosen_ids
+                        )
                         if return_logprob
                         else None,
                         stream=stream,
@@ -148,6 +152,24 @@ class RequestBuilder:
                 ]
             )
         return groups, batched
+
+    def _chosen_ids(self, token_ids: Any) -> tuple[int, ...] | None:
+        """SGLang's `token_ids_logprob`: ids whose logprobs each output position reports."""
+        if token_ids is None or (isinstance(token_ids, list) and not token_ids):
+            return None
+        if not isinstance(token_ids, list) or any(
+            isinstance(t, bool) or not isinstance(t, int) for t in token_ids
+        ):
+            raise InvalidRequest(
+                "token_ids_logprob", f"token_ids_logprob must be a list of ints, got {token_ids!r}"
+            )
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequest(
+                "token_ids_logprob",
+                f"Token ID {bad[0]} is out of vocabulary (vocab size: {self.vocab_size})",
+            )
+        return tuple(token_ids)
 
     def _processors(
         self, wire: Any, prompts: int
@@ -263,6 +285,7 @@ def generate_args(
     stream: bool = False,
     rid: str | list[str] | None = None,
     custom_logit_processor: str | list[str | None] | None = None,
+    token_ids_logprob: list[int] | None = None,
 ) -> dict[str, Any]:
     """`Engine.generate`'s arguments by name, positional ones in its order (one signature for
     every way in)."""

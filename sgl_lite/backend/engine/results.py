@@ -56,6 +56,10 @@ class ResultBuilder:
             if lp.input_top is not None and lp.output_top is not None:
                 self.logprobs["input_top_logprobs"].extend(map(_tops, lp.input_top))
                 self.logprobs["output_top_logprobs"].extend(map(_tops, lp.output_top))
+            if lp.output_token_ids is not None:
+                self.logprobs.setdefault("output_token_ids_logprobs", []).extend(
+                    map(_tops, lp.output_token_ids)
+                )
         self.last = out
 
     def _extend(self, key: str, entries: tuple[LogprobEntry, ...]) -> None:

@@ -3,7 +3,9 @@
 `token_logprobs` is the one tensor computation (log-softmax, the chosen token's value, the top
 k); the sampler calls it for sampled tokens and `input_logprobs` for prompt positions. A
 request's `LogprobState` turns the numbers into `(logprob, token_id, text|None)` entries and
-hands them out as deltas. SGLang's convention: `input_token_logprobs` lines up with
+hands them out as deltas; a request's `token_ids` (SGLang's `token_ids_logprob`) also gets, for
+each output token, the logprobs of those ids at that position (what /v1/score reads). SGLang's
+convention: `input_token_logprobs` lines up with
 `input_ids[logprob_start_len:]` and its first entry's logprob is always None.
 """
 
@@ -24,20 +26,35 @@ TokenText = Callable[[int], str | None]
 
 
 class TokenLogprobs(NamedTuple):
-    """Per row: the target token's logprob and the top-k (logprob, token) pairs (k may be 0)."""
+    """Per row: the target token's logprob, the top-k (logprob, token) pairs (k may be 0), and
+    the logprobs of the row's chosen token ids (None for a row that named none)."""
 
     chosen: list[float]
     top: list[list[tuple[float, int]]] | None
+    ids: list[list[float] | None] | None = None
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, k: int) -> TokenLogprobs:
-    """logits (R, V), targets (R,) token ids → logprob of each target and the top k per row."""
+def token_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    k: int,
+    token_ids: list[tuple[int, ...] | None] | None = None,
+) -> TokenLogprobs:
+    """logits (R, V), targets (R,) token ids → logprob of each target, the top k per row and,
+    per row of `token_ids` that names ids, the logprobs of those ids (full-vocabulary softmax)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
     chosen = logprobs.gather(1, targets[:, None].to(logprobs.device)).squeeze(1).tolist()
+    ids = None
+    if token_ids is not None and any(t for t in token_ids):
+        ids = [
+            None if not t else logprobs[row, torch.tensor(t, device=logprobs.device)].tolist()
+            for row, t in enumerate(token_ids)
+        ]
     if k <= 0:
-        return TokenLogprobs(chosen, None)
-    values, ids = logprobs.topk(k, dim=-1)  # (R, k)
-    return TokenLogprobs(chosen, [list(zip(v, t)) for v, t in zip(values.tolist(), ids.tolist())])
+        return TokenLogprobs(chosen, None, ids)
+    values, top_ids = logprobs.topk(k, dim=-1)  # (R, k)
+    top = [list(zip(v, t)) for v, t in zip(values.tolist(), top_ids.tolist())]
+    return TokenLogprobs(chosen, top, ids)
 
 
 class InputLogprobs(NamedTuple):
@@ -56,12 +73,14 @@ class LogprobState:
     start_len: int  # first prompt position with an entry
     top_k: int = 0
     with_text: bool = False
+    token_ids: tuple[int, ...] | None = None  # SGLang's token_ids_logprob (output positions)
     input_done: bool = False
     _first_added: bool = False
     _input: list[LogprobEntry] = field(default_factory=list)
     _input_top: list[TopEntries] = field(default_factory=list)
     _output: list[LogprobEntry] = field(default_factory=list)
     _output_top: list[TopEntries] = field(default_factory=list)
+    _output_ids: list[TopEntries] = field(default_factory=list)
 
     def input_logprobs(
         self, input_ids: list[int], segment: Segment, rows: torch.Tensor | None
@@ -99,6 +118,12 @@ class LogprobState:
         """Records a sampled token's logprob (row `row` of the sampler's values)."""
         self._output.append((values.chosen[row], token, self._text(text, token)))
         self._output_top.append(self._tops(values.top, row, text))
+        if self.token_ids:
+            got = values.ids[row] if values.ids is not None else None
+            assert got is not None, "the sampler skipped this request's token_ids"
+            self._output_ids.append(
+                tuple((v, t, self._text(text, t)) for v, t in zip(got, self.token_ids))
+            )
 
     def take(self) -> LogprobDelta:
         """The entries recorded since the last call."""
@@ -108,8 +133,10 @@ class LogprobState:
             input_top=tuple(self._input_top) if tops else None,
             output_tokens=tuple(self._output),
             output_top=tuple(self._output_top) if tops else None,
+            output_token_ids=tuple(self._output_ids) if self.token_ids else None,
         )
-        for pending in (self._input, self._input_top, self._output, self._output_top):
+        pending_lists = (self._input, self._input_top, self._output, self._output_top)
+        for pending in (*pending_lists, self._output_ids):
             pending.clear()
         return delta
 

@@ -125,7 +125,9 @@ class OutputProcessor:
         if token != sampled:
             tops = values.top[sample.row] if values.top is not None else []
             own = next((lp for lp, t in tops if t == token), values.chosen[sample.row])
-            values = TokenLogprobs([own], [tops] if values.top is not None else None)
+            # the chosen ids' values are the position's, whichever token fills it
+            ids = None if values.ids is None else [values.ids[sample.row]]
+            values = TokenLogprobs([own], [tops] if values.top is not None else None, ids)
             row = 0
         else:
             row = sample.row

@@ -115,7 +115,8 @@ class Sampler:
         if raw is None:
             return tokens.tolist(), None
         k = max(r.logprobs.top_k for r in reqs if r.logprobs is not None)
-        return tokens.tolist(), token_logprobs(raw, tokens, k)
+        token_ids = [r.logprobs.token_ids if r.logprobs is not None else None for r in reqs]
+        return tokens.tolist(), token_logprobs(raw, tokens, k, token_ids)
 
     def _apply_penalties_and_masks(
         self,
