@@ -140,3 +140,16 @@ def test_unknown_model_is_a_404_and_nothing_leaks(url, engine, labels):
     assert response.status_code == 404 and response.json()["type"] == "NotFoundError"
     assert flush(url)["pool_used_tokens"] == 0
     engine.check_integrity()
+
+
+def test_the_shared_query_is_computed_once(url, engine):
+    query = "A long shared context about rivers, mountains and capitals of Europe. " * 3 + QUERY
+    items = [" Paris", " London", " Berlin", " Rome"]
+    n = len(engine.tokenizer.encode(query + items[0]))
+    flush(url)  # nothing cached: only the items' shared prefix can be served
+    body = score(url, query=query, items=items, label_token_ids=[1, 2]).json()
+    # every item but the first is served the query from the radix cache (all of its prompt but
+    # the last two tokens, where the scores are read); the first computes it
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == len(items) * n
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= (len(items) - 1) * (n - 3)
