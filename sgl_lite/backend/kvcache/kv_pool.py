@@ -154,6 +154,18 @@ class KVPool:
         self.k_layers[layer].index_copy_(0, slots, k)  # (N, Hkv, D)[slots] = (T, Hkv, D)
         self.v_layers[layer].index_copy_(0, slots, v)
 
+    def write_all_layers(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store every layer's KV rows at once: `k`, `v` (L, T, Hkv, D) go to slots (T,)."""
+        expected = (self.num_layers, slots.shape[0], self.num_kv_heads, self.head_dim)
+        if slots.dim() != 1 or tuple(k.shape) != expected or tuple(v.shape) != expected:
+            raise ValueError(
+                f"KVPool.write_all_layers: expected slots (T,) and k, v {expected}, "
+                f"got slots {tuple(slots.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            )
+        slots = slots.to(device=self.k.device, dtype=torch.int64)
+        self.k.index_copy_(1, slots, k.to(self.k.dtype))  # (L, N, Hkv, D)[:, slots] = k
+        self.v.index_copy_(1, slots, v.to(self.v.dtype))
+
     def free_slot_ids(self) -> torch.Tensor:
         """A copy of the free list as an int64 CPU tensor (for integrity checks)."""
         never_used = torch.arange(self.num_slots - 1, self._next - 1, -1, dtype=torch.int64)

@@ -36,11 +36,14 @@ class KVView:
     the new token of each row is appended at `new_index`: for row b and KV head h the flat
     position (b * Hkv + h) * capacity + end_b - 1 of the copy seen as (B * Hkv * capacity, D)."""
 
-    k: list[torch.Tensor]  # per layer (B, Hkv, capacity, D)
+    k: list[torch.Tensor]  # per layer (B, Hkv, capacity, D): views of k_all
     v: list[torch.Tensor]
     capacity: int
     fresh: bool
     new_index: torch.Tensor  # (B * Hkv,)
+    # All layers' copies in one (L, B, Hkv, capacity, D) tensor (the onnxruntime step binds it)
+    k_all: torch.Tensor | None = None
+    v_all: torch.Tensor | None = None
 
 
 class DecodeKV:
@@ -52,6 +55,7 @@ class DecodeKV:
         # a step converts only its new rows, not the whole prefix per layer.
         self.dtype = dtype or pool.k.dtype
         self._rows: list[torch.Tensor] | None = None  # previous step's kv_slots per request
+        self._k_all = self._v_all = torch.empty(0)
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
         self._shape: tuple[int, int] = (0, 0)
@@ -85,10 +89,10 @@ class DecodeKV:
         )
         heads = pool.num_kv_heads
         if (batch, capacity) != self._shape:
-            shape = (batch, heads, capacity, pool.head_dim)
-            make = lambda: torch.zeros(shape, dtype=self.dtype, device=pool.device)  # noqa: E731
-            self._k = [make() for _ in range(pool.num_layers)]
-            self._v = [make() for _ in range(pool.num_layers)]
+            shape = (pool.num_layers, batch, heads, capacity, pool.head_dim)
+            self._k_all = torch.zeros(shape, dtype=self.dtype, device=pool.device)
+            self._v_all = torch.zeros(shape, dtype=self.dtype, device=pool.device)
+            self._k, self._v = list(self._k_all.unbind(0)), list(self._v_all.unbind(0))
             self._shape = (batch, capacity)
         self._rows = [s.kv_slots for s in segments]
         new_index = torch.tensor(
@@ -98,4 +102,6 @@ class DecodeKV:
                 for h in range(heads)
             ]
         )
-        return KVView(self._k, self._v, capacity, fresh, new_index.to(pool.device))
+        return KVView(
+            self._k, self._v, capacity, fresh, new_index.to(pool.device), self._k_all, self._v_all
+        )

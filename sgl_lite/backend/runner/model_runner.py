@@ -53,7 +53,7 @@ class ModelRunner:
             model.load_hf_state_dict(state)
         except ModelLoadError as exc:  # it names the tensor; add the folder
             raise ModelLoadError(f"{model_folder}: {exc}") from exc
-        self.format, pack_note = prepare_weights(
+        self.format, pack_note, self.decode_step = prepare_weights(
             model, model_folder, self.hf_config, config, self.device
         )
         self.model = _placed(model, self.device, self.format.dense_dtype).eval()
@@ -73,9 +73,9 @@ class ModelRunner:
         # Captured decode steps build their own masks, without windows.
         sliding = getattr(self.model, "sliding_window", None) is not None
         self.graphs = DecodeGraphs(self) if DecodeGraphs.wanted(self) and not sliding else None
-        self.decode_kv = (
-            DecodeKV(self.pool, self.format.attn_dtype) if self.graphs is None else None
-        )
+        # The onnxruntime step reads float32 copies (whatever the pool's dtype).
+        copies = self.format.attn_dtype or (torch.float32 if self.decode_step else None)
+        self.decode_kv = DecodeKV(self.pool, copies) if self.graphs is None else None
         logger.info(
             "sgl_lite weights: %s%s; load %.1fs",
             self.format.describe(),
@@ -90,6 +90,12 @@ class ModelRunner:
             replayed = graphs.run(segments)
             if replayed is not None:
                 return replayed
+        step = getattr(self, "decode_step", None)
+        decode_kv = getattr(self, "decode_kv", None)
+        if step is not None and decode_kv is not None and step.takes(segments):
+            stepped = step.run(segments, self.pool, decode_kv)
+            if stepped is not None:
+                return stepped
         input_ids = torch.tensor(
             [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device
         )

@@ -9,6 +9,7 @@ an explicit request that cannot run here raises.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -18,6 +19,7 @@ from transformers import PretrainedConfig
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.runner.model_loader import gguf_source
+from sgl_lite.backend.runner.ort_step import OrtDecodeStep, unsupported
 from sgl_lite.backend.runner.weights import ort_nbits
 from sgl_lite.backend.runner.weights.cpu import CpuCaps, cpu_caps, rows_invariant, time_kernels
 from sgl_lite.backend.runner.weights.formats import (
@@ -26,7 +28,12 @@ from sgl_lite.backend.runner.weights.formats import (
     resolve_format,
 )
 from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
-from sgl_lite.backend.runner.weights.packing import PackedModel, pack_model, shape_problem
+from sgl_lite.backend.runner.weights.packing import (
+    PackedModel,
+    exact_codes,
+    pack_model,
+    shape_problem,
+)
 from sgl_lite.backend.runner.weights.quant import GroupAffine
 
 if TYPE_CHECKING:
@@ -38,6 +45,19 @@ logger = logging.getLogger("sgl_lite")
 # norm) is broken on this build, not merely rounding (measured: 5e-3 for MatMulNBits with int8
 # activations, 3e-3 for torch's int4 kernel with bf16 ones).
 MAX_KERNEL_ERROR = 0.05
+# Set to 1 to keep the fast mode's decode steps on the torch path (the onnxruntime step's A/B).
+DISABLE_ORT_STEP_ENV = "SGL_LITE_DISABLE_ORT_STEP"
+# The most requests one onnxruntime decode step takes (the decode copies' own bound).
+ORT_STEP_MAX_ROWS = 16
+
+
+class PreparedWeights(NamedTuple):
+    """What `prepare_weights` installed: the format, a note for the start-up line, and the
+    fast mode's onnxruntime decode step (None: decode steps run on torch)."""
+
+    format: WeightFormat
+    note: str
+    decode_step: OrtDecodeStep | None = None
 
 
 def prepare_weights(
@@ -46,10 +66,11 @@ def prepare_weights(
     hf_config: PretrainedConfig,
     config: EngineConfig,
     device: torch.device,
-) -> tuple[WeightFormat, str]:
+) -> PreparedWeights:
     """Resolves the format for this file and machine, packs and installs the int kernels it
-    uses; returns the format and a note for the start-up line. Raises ValueError for settings
-    that cannot run here (an explicit quantization, or the deterministic mode's guarantee)."""
+    uses (and, in the fast mode, builds the onnxruntime decode step); returns what it installed.
+    Raises ValueError for settings that cannot run here (an explicit quantization, or the
+    deterministic mode's guarantee)."""
     on_cpu = device.type == "cpu"
     caps = cpu_caps() if on_cpu else None
     quantized: dict[str, GroupAffine] = {}
@@ -75,12 +96,39 @@ def prepare_weights(
         deterministic=deterministic,
     )
     if fmt.int_kind is None:
-        return fmt, note
+        return PreparedWeights(fmt, note)
     threads = config.num_threads or torch.get_num_threads()
     if deterministic:
-        return _install_deterministic(model, fmt, quantized, config, note)
+        return PreparedWeights(*_install_deterministic(model, fmt, quantized, config, note))
     key = (str(folder), kind, config.dtype, config.quantization, threads)
-    return _install_fast(model, fmt, quantized, config, caps, threads, note, key)
+    fmt, note = _install_fast(model, fmt, quantized, config, caps, threads, note, key)
+    if fmt.int_kind is None:  # the probes dropped the int kernels
+        return PreparedWeights(fmt, note)
+    step, step_note = _decode_step(model, fmt.int_kind, quantized, threads)
+    return PreparedWeights(fmt, note + step_note, step)
+
+
+def _decode_step(
+    model: LlamaForCausalLM, kind: str, quantized: dict[str, GroupAffine], threads: int
+) -> tuple[OrtDecodeStep | None, str]:
+    """The fast mode's whole decode step on onnxruntime, or None and why not (logged)."""
+    why = ort_nbits.available() or unsupported(model)
+    if os.environ.get(DISABLE_ORT_STEP_ENV) == "1":
+        why = f"{DISABLE_ORT_STEP_ENV}=1"
+    step = None
+    if not why:
+        try:
+            codes, head = exact_codes(model, kind, quantized)
+            step = OrtDecodeStep.build(model, codes, head, threads, ORT_STEP_MAX_ROWS)
+        except Exception as exc:  # onnxruntime raises its own types; any failure falls back
+            why = f"{type(exc).__name__}: {exc}"
+    if step is None:
+        logger.info("sgl_lite weights: decode steps on torch (onnxruntime step not used: %s)", why)
+        return None, f"; decode steps on torch (onnxruntime step not used: {why})"
+    return step, (
+        f"; decode steps of <= {step.max_rows} requests: one onnxruntime graph "
+        f"(built in {step.build_seconds:.1f}s)"
+    )
 
 
 def _install_deterministic(

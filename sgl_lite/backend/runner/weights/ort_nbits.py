@@ -48,7 +48,8 @@ def available() -> str | None:
     return None
 
 
-def _session_options(threads: int) -> Any:
+def session_options(threads: int) -> Any:
+    """Options for a session on this process's shared pool of `threads` (spinning off)."""
     import onnxruntime as ort
 
     global _pool_threads
@@ -90,9 +91,14 @@ def _pack_zero_points(zero: np.ndarray, bits: int) -> np.ndarray:
     return (pairs[..., 0] | (pairs[..., 1] << 4)).reshape(-1)
 
 
-def _graph(w: GroupAffine) -> bytes:
-    """The serialized one-node model (plus the remainder product) for matrix `w`."""
-    from onnx import TensorProto, helper
+def linear_nodes(
+    w: GroupAffine, x: str, y: str, prefix: str = "", accuracy: int = ACCURACY_INT8
+) -> tuple[list[Any], dict[str, np.ndarray]]:
+    """The nodes and constants (by name) computing y = x @ w^T for matrix `w` on `MatMulNBits`
+    (plus the remainder product, where the file's minimum is not an integer zero point),
+    x (T, K) float32 → y (T, N); every name but `x` and `y` starts with `prefix`. `accuracy`
+    is the kernel's `accuracy_level` (4: int8 activations; 0: float32, much slower)."""
+    from onnx import helper
 
     n, k = w.q.shape
     blocks, bits = k // GROUP, w.bits
@@ -100,51 +106,83 @@ def _graph(w: GroupAffine) -> bytes:
     offset = w.offset.numpy().astype(np.float32)
     shift = _CODE_SHIFT[bits]
     top = (1 << bits) - 1
-    codes = w.q.numpy().astype(np.int32) + shift
+    codes = w.q.numpy()
+    # 4-bit codes are unsigned already; 8-bit ones shift into the kernel's unsigned range.
+    codes = codes.view(np.uint8) if bits == 4 else (codes.astype(np.int16) + shift).astype(np.uint8)
     zero = np.clip(np.round(shift - offset / scale), 0, top)  # (N, blocks)
     remainder = offset + (zero - shift) * scale  # w = (c - z) * s + remainder, exactly
-
-    def const(name: str, array: np.ndarray, kind: int) -> Any:
-        return helper.make_tensor(name, kind, array.shape, array.tobytes(), raw=True)
-
-    inits = [
-        const("B", _pack_codes(codes, bits), TensorProto.UINT8),
-        const("S", scale.reshape(-1), TensorProto.FLOAT),
-        const("Z", _pack_zero_points(zero, bits), TensorProto.UINT8),
-    ]
+    p = prefix
+    consts = {
+        p + "B": _pack_codes(codes, bits),
+        p + "S": scale.reshape(-1),
+        p + "Z": _pack_zero_points(zero, bits),
+    }
+    exact = not np.any(remainder)
     matmul = helper.make_node(
         "MatMulNBits",
-        ["A", "B", "S", "Z"],
-        ["Y0" if np.any(remainder) else "Y"],
+        [x, p + "B", p + "S", p + "Z"],
+        [y if exact else p + "Y0"],
         domain="com.microsoft",
         K=k,
         N=n,
         bits=bits,
         block_size=GROUP,
-        accuracy_level=ACCURACY_INT8,
+        accuracy_level=accuracy,
     )
     nodes = [matmul]
-    if np.any(remainder):
-        inits += [
-            const("blocked", np.array([0, blocks, GROUP], np.int64), TensorProto.INT64),
-            const("last", np.array([-1], np.int64), TensorProto.INT64),
-            const("R", np.ascontiguousarray(remainder.T), TensorProto.FLOAT),  # (blocks, N)
-        ]
+    if not exact:
+        consts[p + "blocked"] = np.array([0, blocks, GROUP], np.int64)
+        consts[p + "last"] = np.array([-1], np.int64)
+        consts[p + "R"] = np.ascontiguousarray(remainder.T)  # (blocks, N)
         nodes += [
-            helper.make_node("Reshape", ["A", "blocked"], ["Ab"]),  # (T, blocks, 32)
-            helper.make_node("ReduceSum", ["Ab", "last"], ["As"], keepdims=0),  # (T, blocks)
-            helper.make_node("MatMul", ["As", "R"], ["Yr"]),  # (T, N)
-            helper.make_node("Add", ["Y0", "Yr"], ["Y"]),
+            helper.make_node("Reshape", [x, p + "blocked"], [p + "Ab"]),  # (T, blocks, 32)
+            helper.make_node("ReduceSum", [p + "Ab", p + "last"], [p + "As"], keepdims=0),
+            helper.make_node("MatMul", [p + "As", p + "R"], [p + "Yr"]),  # (T, N)
+            helper.make_node("Add", [p + "Y0", p + "Yr"], [y]),
         ]
-    graph = helper.make_graph(
-        nodes,
-        "linear",
-        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["T", k])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["T", n])],
-        inits,
-    )
-    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
-    return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+    return nodes, consts
+
+
+OPSETS = (("", 21), ("com.microsoft", 1))  # the ONNX opset and onnxruntime's contrib ops
+# Constants this large reach onnxruntime as arrays, not inside the serialized model: copying
+# ~100 MB of weights through protobuf (graph, model, bytes, then onnxruntime's parse) took
+# seconds of a start-up. Smaller ones (shapes, axes) stay inline, where shape inference sees them.
+EXTERNAL_BYTES = 1024
+
+
+def make_session(
+    nodes: list[Any],
+    consts: dict[str, np.ndarray],
+    inputs: list[Any],
+    outputs: list[Any],
+    threads: int,
+    options: Any = None,
+) -> Any:
+    """An onnxruntime CPU session for the graph of `nodes` over named constants `consts`."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    options = options or session_options(threads)
+    inits, names, values = [], [], []
+    for name, array in consts.items():
+        array = np.array(array, order="C")  # 0-d stays 0-d (np.ascontiguousarray makes it 1-d)
+        if array.nbytes < EXTERNAL_BYTES:
+            inits.append(numpy_helper.from_array(array, name))
+            continue
+        stub = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
+        stub.dims.extend(array.shape)
+        stub.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", "in-memory"), ("offset", "0"), ("length", array.nbytes)):
+            stub.external_data.add(key=key, value=str(value))
+        inits.append(stub)
+        names.append(name)
+        values.append(ort.OrtValue.ortvalue_from_numpy(array))
+    if names:
+        options.add_external_initializers(names, values)  # copied in at session creation
+    graph = helper.make_graph(nodes, "graph", inputs, outputs, inits)
+    opsets = [helper.make_opsetid(domain, version) for domain, version in OPSETS]
+    model = helper.make_model(graph, opset_imports=opsets).SerializeToString()
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 @dataclass(frozen=True)
@@ -159,15 +197,20 @@ class OrtNBitsWeight:
     @classmethod
     def from_affine(cls, w: GroupAffine, threads: int) -> OrtNBitsWeight:
         """Builds the session for the file's codes `w` (4- or 8-bit, blocks of 32)."""
-        import onnxruntime as ort
+        from onnx import TensorProto, helper
 
         if w.bits not in _CODE_SHIFT:
             raise ValueError(f"MatMulNBits takes 4- or 8-bit codes, got {w.bits}-bit")
         n, k = w.q.shape
         if k % GROUP:
             raise ValueError(f"in_features={k} is not a multiple of {GROUP}")
-        session = ort.InferenceSession(
-            _graph(w), _session_options(threads), providers=["CPUExecutionProvider"]
+        nodes, consts = linear_nodes(w, "A", "Y")
+        session = make_session(
+            nodes,
+            consts,
+            [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["T", k])],
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["T", n])],
+            threads,
         )
         return cls(session, (n, k), w.bits)
 

@@ -114,6 +114,28 @@ def _affine_int8(weight: torch.Tensor) -> GroupAffine:
     return GroupAffine(q.view(n, k), scale, torch.zeros_like(scale), bits=8)
 
 
+def exact_codes(
+    model: Any, kind: str, quantized: dict[str, GroupAffine]
+) -> tuple[dict[str, GroupAffine], GroupAffine]:
+    """Block codes for onnxruntime's MatMulNBits: each decoder linear's by "<layer>.<linear>"
+    (`kind`'s width) and the head's (8 bits), the file's own where it has them at that width,
+    else rounded from the float weights (the rule `pack_model` follows for that kernel)."""
+    bits = {"int4": 4, "int8": 8}[kind]
+    codes = {}
+    for i, name, linear in _linears(model):
+        parts = [quantized.get(f"model.layers.{i}.{p}.weight") for p in FUSED_PARTS[name]]
+        if all(p is not None and p.bits == bits for p in parts):
+            codes[f"{i}.{name}"] = GroupAffine.cat(parts)  # type: ignore[arg-type]
+        else:
+            weight = linear.weight.detach()
+            codes[f"{i}.{name}"] = affine_int4(weight) if bits == 4 else _affine_int8(weight)
+    source = model.embed_tokens.weight if model.tied else model.lm_head.weight
+    head = quantized.get(HEAD if model.tied else "lm_head.weight")
+    if head is None or head.bits != 8:
+        head = _affine_int8(source.detach())
+    return codes, head
+
+
 @dataclass
 class PackedModel:
     """Packed copies of a model's linears, not yet installed (so a failed probe changes nothing)."""
