@@ -100,6 +100,8 @@ def run_command(results: dict) -> str:
         ("--conversations", "conversations", len(default.conversations)),
         ("--questions", "questions", len(default.questions)),
         ("--json-items", "json_items", len(default.products)),
+        ("--json-max-new-tokens", "json_max_new_tokens", default.json_max_new_tokens),
+        ("--decode-batch", "decode_batch", len(default.decode_prompts)),
     ):
         if key in sizes and sizes[key] != n:
             parts += [flag, str(sizes[key])]

@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--conversations", type=int)
     p.add_argument("--questions", type=int)
     p.add_argument("--json-items", type=int)
+    # The smoke test's knobs (tests/e2e/test_bench_smoke.py): the same paths on less decoding.
+    p.add_argument("--json-max-new-tokens", type=int, help="W3's budget (default 64)")
+    p.add_argument("--decode-batch", type=int, help="W4's batch (default 16, 4 with --quick)")
     p.add_argument(
         "--no-peers", action="store_true", help="skip llama-cpp-python, outlines and vLLM"
     )
@@ -270,6 +273,8 @@ def workload_options(args: argparse.Namespace, **more: Any) -> dict[str, Any]:
         "conversations": args.conversations,
         "questions": args.questions,
         "json_items": args.json_items,
+        "json_max_new_tokens": args.json_max_new_tokens,
+        "decode_batch": args.decode_batch,
         **more,
     }
 
@@ -399,12 +404,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = [w for w in chosen if w not in TITLES]
     if unknown:
         raise SystemExit(f"unknown workload(s) {unknown}; choose from {list(TITLES)}")
-    wl = build(
-        quick=args.quick,
-        conversations=args.conversations,
-        questions=args.questions,
-        json_items=args.json_items,
-    )
+    wl = build(**workload_options(args))
     results: dict[str, Any] = {
         "env": environment(args),
         "sizes": workload_sizes(wl),

@@ -90,10 +90,11 @@ def build(
     questions: int | None = None,
     json_items: int | None = None,
     json_max_new_tokens: int | None = None,
+    decode_batch: int | None = None,
 ) -> Workloads:
     """The workloads; `quick` shrinks them (1 conversation x 2 turns, 2 questions, 2 JSON
     items, 8 new tokens); explicit counts override either size (`json_max_new_tokens`: W3T's
-    tight budget)."""
+    tight budget, or a smaller W3 for the smoke test; `decode_batch`: W4's batch)."""
     rng = random.Random(SEED)
     mcq = multiple_choice(rng)
     prompts = raw_prompts(rng, 16)
@@ -101,6 +102,7 @@ def build(
     n_turns = turns or (2 if quick else 4)
     n_q = questions or (2 if quick else len(mcq))
     n_json = json_items or (2 if quick else len(PRODUCTS))
+    n_decode = decode_batch or (4 if quick else len(prompts))
     return Workloads(
         quick=quick,
         system_prompt=SUPPORT_POLICY,
@@ -113,7 +115,7 @@ def build(
         products=PRODUCTS[:n_json],
         json_max_new_tokens=json_max_new_tokens or 64,
         decode_prompt=prompts[0],
-        decode_prompts=prompts[:4] if quick else prompts,
+        decode_prompts=prompts[:n_decode],
         decode_new_tokens_b1=8 if quick else 128,
         decode_new_tokens_batch=8 if quick else 64,
     )

@@ -8,6 +8,7 @@ nothing reads a SmolLM2 file. cuda tests are skipped without a CUDA device.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # First: the engine's OpenMP wait policy is set before torch loads, as a user's import of the
 # engine sets it (sgl_lite/backend/omp_policy.py), so this process's engines wait as users' do.
@@ -20,7 +21,7 @@ import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 from tests.support import NUM_THREADS  # noqa: E402
-from tests.support.tiers import tier_of  # noqa: E402
+from tests.support.tiers import cannot_select, one_tier_module, tier_of  # noqa: E402
 from tests.support.tiny import TINY_LLAMA, build_tiny_tokenizer  # noqa: E402
 
 torch.set_num_threads(NUM_THREADS)
@@ -42,10 +43,20 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
+def pytest_ignore_collect(collection_path, config: pytest.Config) -> bool | None:
+    # A slow-to-collect module whose one tier `-m` excludes (tests/support/tiers.py).
+    return True if cannot_select(config.option.markexpr or "", collection_path) else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_cuda = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
     for item in items:
         tier = tier_of(item)
+        one = one_tier_module(Path(item.path))
+        if one is not None and tier != one:
+            raise pytest.UsageError(
+                f"{item.nodeid} is {tier}, but COLLECTED_FOR_ONE_TIER says its module is {one}"
+            )
         item.add_marker(getattr(pytest.mark, tier))
         if tier == "cuda" and not torch.cuda.is_available():
             item.add_marker(skip_cuda)

@@ -15,8 +15,14 @@ from tests.support import NUM_THREADS
 pytestmark = pytest.mark.e2e
 
 
-# ~2 minutes on a quiet 2-core machine (it loads and runs every engine mode), past the default
-# limit when the machine is shared.
+# The smallest sizes that still run every path: one conversation of two turns (the second turn
+# hits the cache), one question, one JSON item at a budget a little past the shortest valid
+# output (16 tokens: the budget rule closes it; W3T's tight budget is its own), a decode batch
+# of 2. Every engine mode and grammar backend still loads (13 engines), so it stays past the
+# default limit on a shared machine.
+SMOKE_QUESTIONS = 1
+
+
 @pytest.mark.timeout(900)
 def test_bench_quick_run_writes_every_field_of_the_results_file(tmp_path, capsys):
     run.main(
@@ -27,6 +33,12 @@ def test_bench_quick_run_writes_every_field_of_the_results_file(tmp_path, capsys
             "--conversations",
             "1",
             "--questions",
+            str(SMOKE_QUESTIONS),
+            "--json-items",
+            "1",
+            "--json-max-new-tokens",
+            "24",
+            "--decode-batch",
             "2",
             "--num-threads",
             str(NUM_THREADS),
@@ -41,7 +53,10 @@ def test_bench_quick_run_writes_every_field_of_the_results_file(tmp_path, capsys
     for key in report.REQUIRED_ENV:
         assert key in data["env"], key
     assert data["env"]["torch_threads"] == NUM_THREADS
-    assert data["sizes"]["conversations"] == 1 and data["sizes"]["questions"] == 2
+    sizes = data["sizes"]
+    assert sizes["conversations"] == 1 and sizes["turns"] == 2
+    assert sizes["questions"] == SMOKE_QUESTIONS and sizes["json_items"] == 1
+    assert sizes["json_max_new_tokens"] == 24 and sizes["decode_batch"] == 2
     assert set(data["workloads"]) == set(report.WORKLOAD_SYSTEMS)
     for w, names in report.WORKLOAD_SYSTEMS.items():
         systems = data["workloads"][w]["systems"]
@@ -62,8 +77,8 @@ def test_bench_quick_run_writes_every_field_of_the_results_file(tmp_path, capsys
     assert w1["sgl_lite"]["agreement_with_hf_alone"] is not None
     w2 = data["workloads"]["W2"]["systems"]
     for name in ("sgl_lite", "hf_alone", "hf_manual_cache"):
-        assert len(w2[name]["decisions"]) == 2 and "accuracy" in w2[name]
-    assert len(data["workloads"]["W2"]["answers"]) == 2
+        assert len(w2[name]["decisions"]) == SMOKE_QUESTIONS and "accuracy" in w2[name]
+    assert len(data["workloads"]["W2"]["answers"]) == SMOKE_QUESTIONS
     w3 = data["workloads"]["W3"]["systems"]
     assert "valid_fraction" in w3["hf_alone"]
     if "skipped" not in w3["sgl_lite"]:

@@ -22,6 +22,7 @@ tests/support/processes.py. A declared tier lighter than what the test uses is a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -74,3 +75,43 @@ def tier_of(item: pytest.Item) -> str:
         uses = ", ".join(name for name, t in needs.items() if t == tier)
         raise pytest.UsageError(f"{item.nodeid} is marked {floor} but uses {uses}: it is {tier}")
     return tier
+
+
+# Modules that cost seconds to collect (schemathesis builds every operation's cases at
+# collection; instructor and langchain are slow imports) and whose every test is of one tier:
+# where `-m` cannot select that tier (`make test-fast`), they are not collected at all, so the
+# selection is what it would be, only sooner. tests/conftest.py checks, whenever they are
+# collected, that each of their tests is of that tier.
+COLLECTED_FOR_ONE_TIER = {
+    "e2e/test_server_openapi.py": "e2e",
+    "e2e/test_server_clients.py": "e2e",
+}
+_OPERATORS = ("and", "or", "not")
+
+
+def one_tier_module(path: Path) -> str | None:
+    """The one tier of every test in `path` if it is in COLLECTED_FOR_ONE_TIER, else None."""
+    try:
+        return COLLECTED_FOR_ONE_TIER.get(path.resolve().relative_to(TESTS).as_posix())
+    except ValueError:
+        return None
+
+
+def cannot_select(markexpr: str, path: Path) -> bool:
+    """Whether `-m markexpr` selects none of `path`'s tests, known without collecting them: the
+    module holds tests of one tier only and the expression names nothing but tiers (anything
+    else, say `-m timeout`, needs the collected tests to tell)."""
+    tier = one_tier_module(path)
+    words = re.findall(r"[^\s()]+", markexpr)
+    if tier is None or not words or any(w not in TIERS + _OPERATORS for w in words):
+        return False
+
+    # Only tier names, and/or/not and parentheses (checked above, so eval sees nothing else):
+    # each name becomes whether it is this module's tier.
+    def truth(word: re.Match[str]) -> str:
+        return word[0] if word[0] in _OPERATORS else str(word[0] == tier)
+
+    try:
+        return not eval(re.sub(r"[^\s()]+", truth, markexpr), {"__builtins__": {}})
+    except SyntaxError:  # a malformed -m: collect, and let pytest's own parser say what is wrong
+        return False

@@ -10,7 +10,14 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from tests.support import processes
-from tests.support.tiers import FIXTURE_TIERS, TESTS, TIERS, tier_of
+from tests.support.tiers import (
+    COLLECTED_FOR_ONE_TIER,
+    FIXTURE_TIERS,
+    TESTS,
+    TIERS,
+    cannot_select,
+    tier_of,
+)
 
 
 def fake_item(relative: str, *fixtures: str, marks=(), **module_globals) -> SimpleNamespace:
@@ -72,6 +79,26 @@ def test_tier_is_the_heaviest_of_what_the_test_needs(path, fixtures, marks, modu
 def test_a_declared_tier_lighter_than_the_needs_is_an_error(item, message):
     with pytest.raises(pytest.UsageError, match=message):
         tier_of(item)
+
+
+@pytest.mark.parametrize(
+    "markexpr, skipped",
+    [
+        ("unit or model", True),  # make test-fast
+        ("e2e", False),
+        ("not unit", False),
+        ("(unit or model) and not e2e", True),
+        ("e2e and not process", False),
+        ("", False),  # the whole suite
+        ("unit or timeout", False),  # a name that is not a tier: only the tests can tell
+        ("unit or", False),  # malformed: pytest's own parser says so
+    ],
+)
+def test_a_one_tier_module_is_left_uncollected_only_where_m_cannot_select_it(markexpr, skipped):
+    openapi = TESTS / "e2e/test_server_openapi.py"
+    assert COLLECTED_FOR_ONE_TIER["e2e/test_server_openapi.py"] == "e2e"
+    assert cannot_select(markexpr, openapi) is skipped
+    assert cannot_select(markexpr, TESTS / "e2e/test_engine.py") is False  # not listed
 
 
 def test_every_tier_fixture_is_a_fixture_of_the_conftest():

@@ -102,11 +102,16 @@ def test_the_header_names_the_run_and_the_machine_the_results_record(results):
 def test_the_run_command_is_rebuilt_from_what_the_file_records(results):
     quick = copy.deepcopy(results)
     quick["env"] |= {"quick": True, "repeats": 1, "torch_threads": 1}
-    quick["sizes"] |= {"conversations": 1, "questions": 3, "json_items": 2}  # quick: 1, 2, 2
+    # quick: 1, 2, 2, 4 (the file's decode batch is the full run's 16)
+    quick["sizes"] |= {"conversations": 1, "questions": 3, "json_items": 2, "decode_batch": 4}
     quick["workloads"]["W1"]["systems"]["llama_cpp"] = {"skipped": "--no-peers"}
     assert docs_table.run_command(quick) == (
         "python -m bench.run --workloads W1,W2,W3,W4,W5 --repeats 1 --num-threads 1 --quick "
         "--questions 3 --no-peers"
+    )
+    quick["sizes"] |= {"json_max_new_tokens": 24, "decode_batch": 2}  # the smoke test's
+    assert docs_table.run_command(quick).endswith(
+        "--questions 3 --json-max-new-tokens 24 --decode-batch 2 --no-peers"
     )
     quick["env"]["command"] = "python -m bench.run --out docs"
     assert docs_table.run_command(quick) == "python -m bench.run --out docs"
