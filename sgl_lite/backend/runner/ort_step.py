@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from sgl_lite.backend.runner.models.llama import DecoderLayer, LlamaForCausalLM, head_dim_of
-from sgl_lite.backend.runner.weights import ort_nbits
+from sgl_lite.backend.runner.weights import onnx_proto, ort_nbits
 from sgl_lite.backend.runner.weights.quant import GroupAffine
 from sgl_lite.backend.types import ForwardOutput
 
@@ -73,10 +73,7 @@ class _Graph:
     """Builds the step's ONNX graph node by node, naming intermediate values uniquely."""
 
     def __init__(self) -> None:
-        from onnx import helper
-
-        self.helper = helper
-        self.nodes: list[Any] = []
+        self.nodes: list[bytes] = []
         self.consts: dict[str, np.ndarray] = {}
         self._count = 0
 
@@ -88,13 +85,13 @@ class _Graph:
     def op(self, kind: str, inputs: list[str], domain: str = "", **attrs: Any) -> str:
         """Adds one node with a single output; returns that output's name."""
         out = self.name(kind.lower())
-        self.nodes.append(self.helper.make_node(kind, inputs, [out], domain=domain, **attrs))
+        self.nodes.append(onnx_proto.node(kind, inputs, [out], domain, **attrs))
         return out
 
     def ops(self, kind: str, inputs: list[str], outputs: int, **attrs: Any) -> list[str]:
         """Adds one node with several outputs; returns their names."""
         outs = [self.name(kind.lower()) for _ in range(outputs)]
-        self.nodes.append(self.helper.make_node(kind, inputs, outs, **attrs))
+        self.nodes.append(onnx_proto.node(kind, inputs, outs, **attrs))
         return outs
 
     def const(self, array: np.ndarray, hint: str = "c") -> str:
@@ -127,8 +124,6 @@ def _step_session(
 ) -> Any:
     """The decode step's session: x (B, hidden), cos/sin (B, 1, D), mask (B, 1, 1, C + 1),
     past_k/past_v (L, B, Hkv, C, D) → logits (B, V), new_k/new_v (L, B, Hkv, D)."""
-    from onnx import TensorProto, helper
-
     config = model.config
     layers, hidden = config.num_hidden_layers, config.hidden_size
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -179,25 +174,25 @@ def _step_session(
         x = g.op("Add", [x, g.linear(codes[f"{i}.mlp.down_proj"], act, "down")])
     final = g.rms_norm(x, model.norm, eps)
     g.nodes += [
-        helper.make_node("Identity", [g.linear(head, final, "head")], ["logits"]),
-        helper.make_node("Concat", new_ks, ["new_k"], axis=0),
-        helper.make_node("Concat", new_vs, ["new_v"], axis=0),
+        onnx_proto.node("Identity", [g.linear(head, final, "head")], ["logits"]),
+        onnx_proto.node("Concat", new_ks, ["new_k"], axis=0),
+        onnx_proto.node("Concat", new_vs, ["new_v"], axis=0),
     ]
-    f = TensorProto.FLOAT
+    f = onnx_proto.FLOAT
     vocab = head.q.shape[0]
     kv_shape = [layers, "B", kv_heads, "C", dim]
     inputs = [
-        helper.make_tensor_value_info("x", f, ["B", hidden]),
-        helper.make_tensor_value_info("cos", f, ["B", 1, dim]),
-        helper.make_tensor_value_info("sin", f, ["B", 1, dim]),
-        helper.make_tensor_value_info("mask", f, ["B", 1, 1, "C1"]),
-        helper.make_tensor_value_info("past_k", f, kv_shape),
-        helper.make_tensor_value_info("past_v", f, kv_shape),
+        onnx_proto.value_info("x", f, ["B", hidden]),
+        onnx_proto.value_info("cos", f, ["B", 1, dim]),
+        onnx_proto.value_info("sin", f, ["B", 1, dim]),
+        onnx_proto.value_info("mask", f, ["B", 1, 1, "C1"]),
+        onnx_proto.value_info("past_k", f, kv_shape),
+        onnx_proto.value_info("past_v", f, kv_shape),
     ]
     outputs = [
-        helper.make_tensor_value_info("logits", f, ["B", vocab]),
-        helper.make_tensor_value_info("new_k", f, [layers, "B", kv_heads, dim]),
-        helper.make_tensor_value_info("new_v", f, [layers, "B", kv_heads, dim]),
+        onnx_proto.value_info("logits", f, ["B", vocab]),
+        onnx_proto.value_info("new_k", f, [layers, "B", kv_heads, dim]),
+        onnx_proto.value_info("new_v", f, [layers, "B", kv_heads, dim]),
     ]
     return ort_nbits.make_session(g.nodes, g.consts, inputs, outputs, threads)
 

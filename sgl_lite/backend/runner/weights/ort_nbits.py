@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sgl_lite.backend.runner.weights import onnx_proto
 from sgl_lite.backend.runner.weights.quant import GROUP, GroupAffine
 
 logger = logging.getLogger("sgl_lite")
@@ -39,12 +40,11 @@ _pool_threads: int | None = None  # the size of the shared pool, once made
 
 
 def available() -> str | None:
-    """None when onnxruntime (with its `onnx` graph builder) imports, else why not."""
+    """None when onnxruntime imports, else why not."""
     try:
-        import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
     except ImportError as exc:
-        return f"onnxruntime is not installed ({exc.name}); pip install onnxruntime onnx"
+        return f"onnxruntime is not installed ({exc.name}); pip install onnxruntime"
     return None
 
 
@@ -93,13 +93,11 @@ def _pack_zero_points(zero: np.ndarray, bits: int) -> np.ndarray:
 
 def linear_nodes(
     w: GroupAffine, x: str, y: str, prefix: str = "", accuracy: int = ACCURACY_INT8
-) -> tuple[list[Any], dict[str, np.ndarray]]:
+) -> tuple[list[bytes], dict[str, np.ndarray]]:
     """The nodes and constants (by name) computing y = x @ w^T for matrix `w` on `MatMulNBits`
     (plus the remainder product, where the file's minimum is not an integer zero point),
     x (T, K) float32 → y (T, N); every name but `x` and `y` starts with `prefix`. `accuracy`
     is the kernel's `accuracy_level` (4: int8 activations; 0: float32, much slower)."""
-    from onnx import helper
-
     n, k = w.q.shape
     blocks, bits = k // GROUP, w.bits
     scale = w.scale.numpy().astype(np.float32)
@@ -118,7 +116,7 @@ def linear_nodes(
         p + "Z": _pack_zero_points(zero, bits),
     }
     exact = not np.any(remainder)
-    matmul = helper.make_node(
+    matmul = onnx_proto.node(
         "MatMulNBits",
         [x, p + "B", p + "S", p + "Z"],
         [y if exact else p + "Y0"],
@@ -135,10 +133,10 @@ def linear_nodes(
         consts[p + "last"] = np.array([-1], np.int64)
         consts[p + "R"] = np.ascontiguousarray(remainder.T)  # (blocks, N)
         nodes += [
-            helper.make_node("Reshape", [x, p + "blocked"], [p + "Ab"]),  # (T, blocks, 32)
-            helper.make_node("ReduceSum", [p + "Ab", p + "last"], [p + "As"], keepdims=0),
-            helper.make_node("MatMul", [p + "As", p + "R"], [p + "Yr"]),  # (T, N)
-            helper.make_node("Add", [p + "Y0", p + "Yr"], [y]),
+            onnx_proto.node("Reshape", [x, p + "blocked"], [p + "Ab"]),  # (T, blocks, 32)
+            onnx_proto.node("ReduceSum", [p + "Ab", p + "last"], [p + "As"], keepdims=0),
+            onnx_proto.node("MatMul", [p + "As", p + "R"], [p + "Yr"]),  # (T, N)
+            onnx_proto.node("Add", [p + "Y0", p + "Yr"], [y]),
         ]
     return nodes, consts
 
@@ -151,37 +149,29 @@ EXTERNAL_BYTES = 1024
 
 
 def make_session(
-    nodes: list[Any],
+    nodes: list[bytes],
     consts: dict[str, np.ndarray],
-    inputs: list[Any],
-    outputs: list[Any],
+    inputs: list[bytes],
+    outputs: list[bytes],
     threads: int,
-    options: Any = None,
 ) -> Any:
-    """An onnxruntime CPU session for the graph of `nodes` over named constants `consts`."""
+    """An onnxruntime CPU session for the graph of `nodes` (onnx_proto's NodeProtos, as the
+    value infos `inputs` and `outputs`) over the named constants `consts`."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
 
-    options = options or session_options(threads)
+    options = session_options(threads)
     inits, names, values = [], [], []
     for name, array in consts.items():
-        array = np.array(array, order="C")  # 0-d stays 0-d (np.ascontiguousarray makes it 1-d)
         if array.nbytes < EXTERNAL_BYTES:
-            inits.append(numpy_helper.from_array(array, name))
+            inits.append(onnx_proto.tensor(name, array))
             continue
-        stub = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
-        stub.dims.extend(array.shape)
-        stub.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", "in-memory"), ("offset", "0"), ("length", array.nbytes)):
-            stub.external_data.add(key=key, value=str(value))
-        inits.append(stub)
+        array = np.ascontiguousarray(array)
+        inits.append(onnx_proto.external_tensor(name, array))
         names.append(name)
         values.append(ort.OrtValue.ortvalue_from_numpy(array))
     if names:
         options.add_external_initializers(names, values)  # copied in at session creation
-    graph = helper.make_graph(nodes, "graph", inputs, outputs, inits)
-    opsets = [helper.make_opsetid(domain, version) for domain, version in OPSETS]
-    model = helper.make_model(graph, opset_imports=opsets).SerializeToString()
+    model = onnx_proto.model(nodes, inputs, outputs, inits, OPSETS)
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
@@ -197,8 +187,6 @@ class OrtNBitsWeight:
     @classmethod
     def from_affine(cls, w: GroupAffine, threads: int) -> OrtNBitsWeight:
         """Builds the session for the file's codes `w` (4- or 8-bit, blocks of 32)."""
-        from onnx import TensorProto, helper
-
         if w.bits not in _CODE_SHIFT:
             raise ValueError(f"MatMulNBits takes 4- or 8-bit codes, got {w.bits}-bit")
         n, k = w.q.shape
@@ -208,8 +196,8 @@ class OrtNBitsWeight:
         session = make_session(
             nodes,
             consts,
-            [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["T", k])],
-            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["T", n])],
+            [onnx_proto.value_info("A", onnx_proto.FLOAT, ["T", k])],
+            [onnx_proto.value_info("Y", onnx_proto.FLOAT, ["T", n])],
             threads,
         )
         return cls(session, (n, k), w.bits)
