@@ -14,8 +14,10 @@ from sgl_lite.backend.config import TOOL_CALL_PARSERS, EngineConfig
 from sgl_lite.server.openai.tool_formats import (
     FORMATS,
     detect_format,
+    how_to_call,
     marker_is_special,
     resolve_format,
+    write_calls,
 )
 from sgl_lite.server.openai.tool_parser import ToolDeltas, message, scan
 from sgl_lite.server.openai.tools import chat_prompt, plan_tools
@@ -195,3 +197,36 @@ def test_the_tool_call_parser_flag_reaches_the_engine_config():
     args = build_parser().parse_args(["--tool-call-parser", "mistral"])
     assert engine_kwargs(args)["tool_call_parser"] == "mistral"
     assert "tool_call_parser" not in engine_kwargs(build_parser().parse_args([]))
+
+
+class _NoToolsTemplate:
+    """A chat template that renders no tools: the default prompt carries them."""
+
+    chat_template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        return "".join(f"[{m['role']}] {m['content']}\n" for m in messages)
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_the_default_prompt_teaches_and_writes_the_format_the_parser_reads(name):
+    fmt = FORMATS[name]
+    calls = [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": -4})]
+    if not fmt.python:  # a Python call cannot be named note-it
+        calls.append(("note-it", {"t": "x]}", "ok": True, "none": None}))
+    written = write_calls(fmt, calls)
+    got = scan(plan(name), written, final=True)
+    assert [(c.name, json.loads(c.arguments)) for c in got.calls] == calls
+    assert got.content.strip() == ""
+    history = [
+        {"role": "user", "content": "1+2?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": n, "arguments": json.dumps(a)}} for n, a in calls],
+        },
+    ]
+    text = chat_prompt(_NoToolsTemplate(), history, plan(name))
+    assert how_to_call(fmt) in text and written in text
+    others = {how_to_call(f) for f in FORMATS.values() if f.name != name}
+    assert not any(o in text for o in others)  # one format taught, not two

@@ -18,10 +18,16 @@ with literal keyword arguments instead (`tool_parser` reads it with `ast`, never
 mentions, and hermes when it renders no tools (then the default prompt, which teaches
 `<tool_call>`, is used). SGLang's names for these formats are accepted on the command line too
 (`parser_for_flag`: `llama3`, `qwen`, `qwen25`).
+
+When the chat template renders no tools, the default prompt teaches the model the format the
+parser reads (`how_to_call`) and writes the history's calls in it (`write_calls`): a prompt that
+taught `<tool_call>` under `--tool-call-parser llama3` would get answers that parser never reads.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +57,49 @@ FORMATS: dict[str, ToolFormat] = {
         ToolFormat("pythonic", "[", "]", python=True),
     )
 }
+
+_CALL = '{{"name": <function name>, "{key}": <arguments as a JSON object>}}'
+_JSON_LIST = "a JSON list of call objects, and nothing else:\n"
+# the default prompt's instruction for each format (after "To call a function, answer with ")
+_HOW_TO_CALL = {
+    "hermes": "one block per call, and nothing else in the block:\n"
+    f"<tool_call>\n{_CALL.format(key='arguments')}\n</tool_call>",
+    "llama3_json": 'only a JSON object per call (several separated by "; "), and nothing '
+    f"else:\n{_CALL.format(key='parameters')}",
+    "mistral": f"[TOOL_CALLS] and {_JSON_LIST}[TOOL_CALLS] [{_CALL.format(key='arguments')}]",
+    "granite": f"<|tool_call|> and {_JSON_LIST}<|tool_call|>[{_CALL.format(key='arguments')}]",
+    "phi4_mini": f"functools and {_JSON_LIST}functools[{_CALL.format(key='arguments')}]",
+    "pythonic": "a Python list of calls with keyword arguments of literal values, and nothing "
+    "else:\n[<function name>(<argument name>=<value>, ...), ...]",
+}
+
+
+def how_to_call(fmt: ToolFormat) -> str:
+    """The default prompt's instruction for writing calls in `fmt`."""
+    return "To call a function, answer with " + _HOW_TO_CALL[fmt.name]
+
+
+def write_calls(fmt: ToolFormat, calls: list[tuple[str, Any]]) -> str:
+    """(name, arguments) calls written as a model answering in `fmt` writes them (the history's
+    calls under the default prompt); `tool_parser.scan` reads this text back as these calls."""
+    dump = functools.partial(json.dumps, ensure_ascii=False)
+    objects = [{"name": name, "arguments": args} for name, args in calls]
+    if fmt.name == "hermes":
+        return "\n".join(f"<tool_call>\n{dump(o)}\n</tool_call>" for o in objects)
+    if fmt.name == "llama3_json":
+        return "; ".join(dump({"name": name, "parameters": args}) for name, args in calls)
+    if fmt.python:
+        return "[" + ", ".join(_python_call(name, args) for name, args in calls) + "]"
+    return f"{fmt.open}{' ' if fmt.name == 'mistral' else ''}{dump(objects)}"
+
+
+def _python_call(name: str, args: Any) -> str:
+    # JSON values are Python literals but for true/false/null, which the parser also reads
+    if not isinstance(args, dict):
+        return f"{name}()"
+    kwargs = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in args.items())
+    return f"{name}({kwargs})"
+
 
 # SGLang's --tool-call-parser names of the formats above, where its name differs from ours
 SGLANG_PARSER_NAMES = {"llama3": "llama3_json", "qwen": "hermes", "qwen25": "hermes"}

@@ -15,7 +15,9 @@ decides how the answer is generated:
 
 So a required or named call always has arguments that match the function's `parameters`.
 Tools reach the model through the tokenizer's chat template when it renders `tools`, else
-through `DEFAULT_TOOL_PROMPT` in the system message (the Hermes/Qwen `<tool_call>` convention).
+through `DEFAULT_TOOL_PROMPT` in the system message, which teaches the format the answers are
+parsed in (`tool_formats.how_to_call`: Hermes/Qwen's `<tool_call>` unless `--tool-call-parser`
+names another).
 "auto" answers are parsed in the format the template teaches (`tool_formats.py`, or
 `--tool-call-parser`); parsing and streaming deltas live in `tool_parser.py`.
 """
@@ -31,7 +33,13 @@ import jsonschema
 from pydantic import BaseModel
 
 from sgl_lite.backend.constrained import is_any_object
-from sgl_lite.server.openai.tool_formats import FORMATS, ToolFormat, template_text
+from sgl_lite.server.openai.tool_formats import (
+    FORMATS,
+    ToolFormat,
+    how_to_call,
+    template_text,
+    write_calls,
+)
 from sgl_lite.server.protocol import ApiError
 
 ToolMode = Literal["none", "auto", "required", "named"]
@@ -43,10 +51,7 @@ You can call functions to help answer. Their signatures, one JSON object per lin
 {tools}
 </tools>
 
-To call a function, answer with one block per call, and nothing else in the block:
-<tool_call>
-{{"name": <function name>, "arguments": <arguments as a JSON object>}}
-</tool_call>"""
+{how}"""
 
 # Any JSON object inside a required choice's regex, nested at most three deep. NOTE: outlines'
 # regex for it takes ~10 s to compile on SmolLM2's vocabulary; this one compiles in ~1 s. Alone
@@ -277,10 +282,11 @@ def chat_prompt(
             **extra,
             **kwargs,
         )
-    flat = [_flatten(m) for m in messages]
+    flat = [_flatten(m, plan.format) for m in messages]
     if plan.shown:
         block = DEFAULT_TOOL_PROMPT.format(
-            tools="\n".join(json.dumps(t, ensure_ascii=False) for t in plan.tools)
+            tools="\n".join(json.dumps(t, ensure_ascii=False) for t in plan.tools),
+            how=how_to_call(plan.format),
         )
         if flat and flat[0]["role"] == "system":
             flat[0] = {"role": "system", "content": f"{flat[0]['content']}\n\n{block}"}
@@ -299,22 +305,20 @@ def _phi_tools(messages: list[dict[str, Any]], tools: tuple[dict[str, Any], ...]
     return [{"role": "system", "content": "", "tools": listed}, *messages]
 
 
-def _flatten(message: dict[str, Any]) -> dict[str, str]:
-    """One message as plain role/content for a template that knows no tools."""
+def _flatten(message: dict[str, Any], fmt: ToolFormat) -> dict[str, str]:
+    """One message as plain role/content for a template that knows no tools (its calls in the
+    format the prompt teaches)."""
     role, content = message["role"], message.get("content") or ""
     if role == "tool":
         return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
-    calls = message.get("tool_calls") or []
-    blocks = [
-        "<tool_call>\n"
-        + json.dumps(
-            {"name": c["function"]["name"], "arguments": _loads(c["function"]["arguments"])},
-            ensure_ascii=False,
-        )
-        + "\n</tool_call>"
-        for c in calls
+    calls = [
+        (c["function"]["name"], _loads(c["function"]["arguments"]))
+        for c in message.get("tool_calls") or []
     ]
-    return {"role": role, "content": "\n".join([content, *blocks] if content else blocks)}
+    if not calls:
+        return {"role": role, "content": content}
+    written = write_calls(fmt, calls)
+    return {"role": role, "content": f"{content}\n{written}" if content else written}
 
 
 def _loads(arguments: str) -> Any:
