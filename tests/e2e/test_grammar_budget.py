@@ -240,3 +240,24 @@ if __name__ == "__main__":  # the rule's cost: `python -m tests.e2e.test_grammar
         for name in ("ticket", "nested", "enum"):
             rule, plain = rule_cost(backend, name)
             print(f"{backend} {name}: rule {rule:.0f} µs/step, decode without {plain:.0f} µs/step")
+
+
+# SGLang's own test regex (test_openai_server.py's test_regex): digits are allowed forever
+POPULATION = r"""\{\n   "name": "[\w]+",\n   "population": [\d]+\n\}"""
+
+
+@pytest.mark.parametrize("backend", GRAMMAR_BACKENDS)
+def test_a_number_the_grammar_lets_grow_forever_is_still_closed_by_the_budget(backend: str):
+    import regex as re
+
+    grammar = compiler(backend).compile("regex", POPULATION)
+    path = grammar.initial_path
+    assert path is not None, "the closer wrote digits until its cap"
+    assert re.fullmatch(POPULATION, smollm2_tokenizer().decode(path))
+    for seed in range(3):
+        for budget in (grammar.min_tokens, grammar.min_tokens + 5, 40):
+            text, ids, guide, _ = budget_decode(
+                grammar, seed=seed, budget=budget, constraint=("regex", POPULATION)
+            )
+            assert len(ids) <= budget and re.fullmatch(POPULATION, text), (budget, text)
+            assert guide.meta_info(text)["constraint_violation"] is None

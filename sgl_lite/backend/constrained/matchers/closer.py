@@ -10,7 +10,10 @@ Neither backend can list its states, so there is no distance table as on the aut
    `}` is only text, `"` may);
 2. else the first allowed token spelled P + `""`, `"`, `,`, `0`..`9`: an empty string, the
    end of a string, the next required item, the smallest number or one character of a string
-   that still needs `minLength` (so ` "` is one token where the forced ` ` and `"` are two);
+   that still needs `minLength` (so ` "` is one token where the forced ` ` and `"` are two).
+   A digit gives way to a line break or space that ends the output within two tokens (with
+   `}` or `]` after it): in SGLang's own test regex, `"population": [0-9]+` then a line
+   break and `}`, digits are always allowed, and the closer wrote them until its cap;
 3. else the longest token spelling a prefix of F, else the backend's first forced token;
 4. else the allowed text token with the lowest id (SmolLM2: single bytes come first).
 
@@ -38,6 +41,8 @@ CLOSER_CAP = 256  # the longest completion the closer looks for (tokens)
 _MAX_PREFIX = 24  # forced bytes read per step (longer tokens are rare; lookups stay cheap)
 _CLOSING = (b'"}', b'"]', b"}", b"]")
 _RANKED = (b'""', b'"', b",", *(str(d).encode() for d in range(10)))
+_DIGITS = frozenset(str(d).encode() for d in range(10))
+_BREAKS = (b"\n", b" ")  # what may end a number before the last closing bracket
 
 
 class ClosingMatcher(Protocol):
@@ -114,11 +119,29 @@ def _step(matcher: ClosingMatcher, ranked: Ranked, forced: bytes) -> int | None:
     for tail in _RANKED:
         for prefix in prefixes:
             token = _choice(ranked, forced, prefix + tail)
-            if token is not None and matcher.try_consume(token):
+            if token is None:
+                continue
+            if tail in _DIGITS and (ending := _ending_break(matcher, ranked)) is not None:
+                return ending
+            if matcher.try_consume(token):
                 return token
     for k in range(len(forced), 0, -1):
         token = ranked.by_bytes.get(forced[:k])
         if token is not None and matcher.try_consume(token):
+            return token
+    return None
+
+
+def _ending_break(matcher: ClosingMatcher, ranked: Ranked) -> int | None:
+    """A line break or space after which the output is complete, alone or with `}` or `]`
+    (consumed), or None. Reads only the state, so the policy stays memoryless."""
+    for spelling in _BREAKS:
+        token = ranked.by_bytes.get(spelling)
+        if token is None:
+            continue
+        brackets = (ranked.by_bytes.get(b) for b in (b"}", b"]"))
+        ends = [[token]] + [[token, c] for c in brackets if c is not None]
+        if any(matcher.completes(path) for path in ends) and matcher.try_consume(token):
             return token
     return None
 

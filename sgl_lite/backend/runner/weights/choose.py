@@ -105,7 +105,8 @@ def prepare_weights(
     if fmt.int_kind is None:  # the probes dropped the int kernels
         return PreparedWeights(fmt, note)
     step, step_note = _decode_step(model, fmt.int_kind, quantized, threads)
-    return PreparedWeights(fmt, note + step_note, step)
+    # In the format's reason, so the start-up line and /get_server_info say which step runs.
+    return PreparedWeights(replace(fmt, reason=fmt.reason + step_note), note, step)
 
 
 def _decode_step(
