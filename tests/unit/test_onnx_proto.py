@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from sgl_lite.backend.runner.weights import onnx_proto
+from sgl_lite.backend.runner.weights import onnx_proto, ort_nbits
 
 WEIGHT = np.arange(12, dtype=np.float32).reshape(4, 3) / 7
 SHAPE = np.array([0, -1], dtype=np.int64)
@@ -82,7 +82,7 @@ def test_external_tensors_take_their_data_from_the_session_options():
     )
     parsed = onnx.load_from_string(model).graph.initializer[0]
     assert parsed.data_location == TensorProto.EXTERNAL and list(parsed.dims) == [4, 3]
-    options = ort.SessionOptions()
+    options = ort_nbits.session_options(1)  # the process's shared pool, if an engine made one
     options.add_external_initializers(["W"], [ort.OrtValue.ortvalue_from_numpy(WEIGHT)])
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     x = np.ones((2, 4), dtype=np.float32)
