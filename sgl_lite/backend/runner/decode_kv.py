@@ -42,8 +42,8 @@ class KVView:
     fresh: bool
     new_index: torch.Tensor  # (B * Hkv,)
     # All layers' copies in one (L, B, Hkv, capacity, D) tensor (the onnxruntime step binds it)
-    k_all: torch.Tensor | None = None
-    v_all: torch.Tensor | None = None
+    k_all: torch.Tensor
+    v_all: torch.Tensor
 
 
 class DecodeKV:

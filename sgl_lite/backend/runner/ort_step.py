@@ -34,7 +34,7 @@ from sgl_lite.backend.types import ForwardOutput
 
 if TYPE_CHECKING:
     from sgl_lite.backend.kvcache.kv_pool import KVPool
-    from sgl_lite.backend.runner.decode_kv import DecodeKV
+    from sgl_lite.backend.runner.decode_kv import DecodeKV, KVView
     from sgl_lite.backend.types import Segment
 
 logger = logging.getLogger("sgl_lite")
@@ -45,7 +45,6 @@ logger = logging.getLogger("sgl_lite")
 # greedy decode parted from float32's on 2 of 64 tokens of the fixed test prompt (64/64 with
 # float32 here; perplexity within 0.6 %). The projection is ~15 % of a layer's weights.
 ACCURACY: dict[str, int] = {"qkv": 0}
-LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
 def unsupported(model: Any) -> str | None:
@@ -243,7 +242,7 @@ class OrtDecodeStep:
         """The pass's logits (one row per segment), its K/V written to the pool; None when the
         decode copies cannot hold this batch (the torch step runs it then)."""
         view = decode_kv.plan(segments)
-        if view is None or view.k_all is None or view.k_all.dtype != torch.float32:
+        if view is None or view.k_all.dtype != torch.float32:
             decode_kv.reset()
             return None
         try:
@@ -252,7 +251,7 @@ class OrtDecodeStep:
             decode_kv.reset()  # the copies may be half-updated
             raise
 
-    def _run(self, segments: list[Segment], pool: KVPool, view: Any) -> ForwardOutput:
+    def _run(self, segments: list[Segment], pool: KVPool, view: KVView) -> ForwardOutput:
         batch, capacity = len(segments), view.capacity
         ends = torch.tensor([s.end for s in segments])
         if view.fresh:  # every layer's prefix at once; this step's own slot is masked below

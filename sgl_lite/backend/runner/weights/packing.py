@@ -114,6 +114,17 @@ def _affine_int8(weight: torch.Tensor) -> GroupAffine:
     return GroupAffine(q.view(n, k), scale, torch.zeros_like(scale), bits=8)
 
 
+def _file_codes(
+    quantized: dict[str, GroupAffine], layer: int, name: str, bits: int
+) -> GroupAffine | None:
+    """Fused linear `name` of `layer` from the file's own `bits`-wide codes, or None where the
+    file lacks any of its parts at that width."""
+    parts = [quantized.get(f"model.layers.{layer}.{p}.weight") for p in FUSED_PARTS[name]]
+    if all(p is not None and p.bits == bits for p in parts):
+        return GroupAffine.cat(parts)  # type: ignore[arg-type]
+    return None
+
+
 def exact_codes(
     model: Any, kind: str, quantized: dict[str, GroupAffine]
 ) -> tuple[dict[str, GroupAffine], GroupAffine]:
@@ -123,12 +134,11 @@ def exact_codes(
     bits = {"int4": 4, "int8": 8}[kind]
     codes = {}
     for i, name, linear in _linears(model):
-        parts = [quantized.get(f"model.layers.{i}.{p}.weight") for p in FUSED_PARTS[name]]
-        if all(p is not None and p.bits == bits for p in parts):
-            codes[f"{i}.{name}"] = GroupAffine.cat(parts)  # type: ignore[arg-type]
-        else:
+        affine = _file_codes(quantized, i, name, bits)
+        if affine is None:
             weight = linear.weight.detach()
-            codes[f"{i}.{name}"] = affine_int4(weight) if bits == 4 else _affine_int8(weight)
+            affine = affine_int4(weight) if bits == 4 else _affine_int8(weight)
+        codes[f"{i}.{name}"] = affine
     source = model.embed_tokens.weight if model.tied else model.lm_head.weight
     head = quantized.get(HEAD if model.tied else "lm_head.weight")
     if head is None or head.bits != 8:
@@ -202,15 +212,12 @@ def pack_model(
     for i, name, linear in _linears(model):
         if widest_only and linear.in_features * linear.out_features != widest:
             continue
-        parts = [quantized.get(f"model.layers.{i}.{p}.weight") for p in FUSED_PARTS[name]]
-        affine = None
         # torch's int8 kernel has one scale per row, so only int4 (and onnxruntime's 8-bit
         # kernel, blocks of 32 like Q8_0) take the file's codes as they are.
         bits = {"int4": 4, "int8": 8}[kind]
         exact = kind == "int4" or kernel == "onnxruntime"
-        if exact and all(p is not None and p.bits == bits for p in parts):
-            affine = GroupAffine.cat(parts)  # type: ignore[arg-type]
-            from_file += 1
+        affine = _file_codes(quantized, i, name, bits) if exact else None
+        from_file += affine is not None
         packed = done.get(id(linear)) or _pack_one(
             linear.weight.detach(), kind, affine, kernel, threads
         )
