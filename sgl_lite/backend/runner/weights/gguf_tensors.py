@@ -156,10 +156,22 @@ class _Cursor:
             if self.pos + size > len(self.data):
                 raise GGUFFormatError("a header array runs past the end of the file")
             self.pos += size
-        else:  # strings (the vocabulary): each carries its own length
+        elif item == _STRING:  # the vocabulary and merges: skipped by length, never decoded
+            data, pos, end = self.data, self.pos, len(self.data)
+            for _ in range(count):
+                if pos + 8 > end:
+                    raise GGUFFormatError("a header string array runs past the end of the file")
+                pos += 8 + _U64.unpack_from(data, pos)[0]
+            if pos > end:
+                raise GGUFFormatError("a header string runs past the end of the file")
+            self.pos = pos
+        else:  # arrays of arrays: each item read (and skipped) in turn
             for _ in range(count):
                 self.value(item)
         return None
+
+
+_U64 = struct.Struct("<Q")  # a header string's length
 
 
 def _tensor_bytes(info: TensorInfo) -> int:
