@@ -82,14 +82,73 @@ def test_ort_step_matches_the_torch_step_over_ragged_batches_that_shrink():
     runner.decode_step = None
 
 
-def test_only_single_token_decodes_that_want_logits_take_the_graph():
+def test_one_requests_tokens_in_a_row_match_the_torch_step_and_keep_its_copies():
+    """A jump-forward chunk or a program's next step is one request's several new tokens: the
+    graph runs them in one row (causal among themselves, after the prefix), the decode copies
+    carry on across it (no fresh gather), and the logits and the pool's K/V are the torch
+    step's."""
     runner, step = _runner_on_codes()
-    slots = runner.pool.alloc(8)
+    ((ids, slots),) = prefill_random(runner, [9])
+    slots = torch.cat([slots[:-1], runner.pool.alloc(24)])
+    snapshot = (runner.pool.k.clone(), runner.pool.v.clone())
+    # (new tokens, first of them whose logits are wanted) pass by pass
+    passes = [(1, 0), (3, 0), (1, 0), (5, 4), (1, 0), (2, 2), (1, 0)]
+    runs = {}
+    for path in ("torch", "ort"):
+        runner.pool.k.copy_(snapshot[0])
+        runner.pool.v.copy_(snapshot[1])
+        runner.decode_kv = DecodeKV(runner.pool, torch.float32)
+        runner.decode_step = step if path == "ort" else None
+        start, logits, written, fresh = len(ids) - 1, [], [], []
+        plan = runner.decode_kv.plan
+
+        def recorded(segments, extend=False, plan=plan, fresh=fresh):
+            view = plan(segments, extend)
+            fresh.append(view is not None and view.fresh)
+            return view
+
+        runner.decode_kv.plan = recorded
+        for n, (count, logits_from) in enumerate(passes):
+            tokens = [(11 * n + j) % DECODE_VOCAB for j in range(count)]
+            seg = Segment(
+                token_ids=tokens,
+                start=start,
+                kv_slots=slots[: start + count],
+                logits_from=logits_from,
+            )
+            assert path == "torch" or step.takes([seg])
+            out = runner.forward([seg])
+            logits.append(out.rows(0))
+            written.append(runner.pool.k[:, seg.kv_slots[start:]].clone())
+            start += count
+        runs[path] = (logits, written, fresh)
+    # the graph: one gather, then appends; the torch step gathers afresh after every chunk
+    assert runs["ort"][2] == [True] + [False] * (len(passes) - 1)
+    assert runs["torch"][2].count(True) > 1
+    for want, got in zip(runs["torch"][0], runs["ort"][0]):
+        if want is None:
+            assert got is None
+            continue
+        assert got.shape == want.shape
+        assert (got - want).abs().max() <= 0.015 * want.abs().max()
+        assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.8
+    for want_k, got_k in zip(runs["torch"][1], runs["ort"][1]):
+        assert (got_k - want_k).abs().max() <= 0.015 * want_k.abs().max()
+    runner.decode_step = None
+
+
+def test_which_passes_take_the_graph():
+    runner, step = _runner_on_codes()
+    slots = runner.pool.alloc(40)
     decode = Segment(token_ids=[3], start=4, kv_slots=slots[:5], logits_from=0)
-    assert step.takes([decode])
-    assert not step.takes([Segment(token_ids=[3, 4], start=3, kv_slots=slots[:5], logits_from=0)])
+    chunk = Segment(token_ids=[3, 4], start=3, kv_slots=slots[:5], logits_from=0)
+    assert step.takes([decode]) and step.takes([decode] * 16)
+    assert step.takes([chunk])  # one request's tokens: one row
+    assert not step.takes([chunk, decode])  # several tokens beside other rows: torch
     assert not step.takes([Segment(token_ids=[3], start=4, kv_slots=slots[:5], logits_from=1)])
     assert not step.takes([decode] * 17)  # more rows than the step was built for
+    long = Segment(token_ids=list(range(17)), start=3, kv_slots=slots[:20], logits_from=0)
+    assert not step.takes([long])
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ new row per request changes. `DecodeKV` keeps, per layer, a (B, Hkv, capacity, D
 batch's K/V, the layout attention reads fastest (SDPA over it: 1.14 ms against 1.76 ms for the
 same K/V as a transposed (B, capacity, Hkv, D) view, 8 rows of 900 positions): a step that
 extends exactly the previous step's rows by one token appends that token's K/V
-(the values the layer has just written to the pool); any other pass starts a fresh copy. The
+(the values the layer has just written to the pool); so does the onnxruntime step's pass of one
+request's several tokens (`plan(extend=True)`); any other pass starts a fresh copy. The
 pool stays the only owner of KV data; this is a cache of reads, exact by construction (a slot's
 K/V never changes while the request that owns it runs).
 """
@@ -32,15 +33,16 @@ ROUND = 64  # capacity grows in steps of this many positions (a fresh gather eac
 
 @dataclass(frozen=True)
 class KVView:
-    """This pass's use of the copies: `fresh` fills positions [0, end) from the pool, else only
-    the new token of each row is appended at `new_index`: for row b and KV head h the flat
-    position (b * Hkv + h) * capacity + end_b - 1 of the copy seen as (B * Hkv * capacity, D)."""
+    """This pass's use of the copies: `fresh` fills positions [0, start) of each row from the
+    pool, else the copies already hold them; the pass's new tokens go at `new_index`: for row
+    b, position p and KV head h the flat position (b * Hkv + h) * capacity + p of the copy seen
+    as (B * Hkv * capacity, D), in the order of the pass's tokens, then heads."""
 
     k: list[torch.Tensor]  # per layer (B, Hkv, capacity, D): views of k_all
     v: list[torch.Tensor]
     capacity: int
     fresh: bool
-    new_index: torch.Tensor  # (B * Hkv,)
+    new_index: torch.Tensor  # (T * Hkv,) for the pass's T new tokens
     # All layers' copies in one (L, B, Hkv, capacity, D) tensor (the onnxruntime step binds it)
     k_all: torch.Tensor
     v_all: torch.Tensor
@@ -64,10 +66,13 @@ class DecodeKV:
         """Forgets the copies' contents (the next decode step gathers afresh)."""
         self._rows = None
 
-    def plan(self, segments: list[Segment]) -> KVView | None:
-        """The view for a pass of single-token decodes, or None (and a reset) for any other."""
+    def plan(self, segments: list[Segment], extend: bool = False) -> KVView | None:
+        """The view for a pass of single-token decodes, or None (and a reset) for any other.
+        With `extend` (the onnxruntime step's passes) one request may also bring several
+        tokens (a jump-forward chunk, the next step of a program): its copy keeps its prefix."""
         batch = len(segments)
-        if batch > MAX_BATCH or any(len(s.token_ids) != 1 for s in segments):
+        single = all(len(s.token_ids) == 1 for s in segments)
+        if batch > MAX_BATCH or not (single or (extend and batch == 1)):
             self.reset()
             return None
         longest = max(s.end for s in segments)
@@ -78,12 +83,13 @@ class DecodeKV:
             self.reset()
             return None
         prev = self._rows
+        # Fresh unless each row continues the previous pass's row with nothing in between.
         fresh = (
             prev is None
             or len(prev) != batch
             or (batch, capacity) != self._shape
             or not all(
-                s.end == len(p) + 1 and torch.equal(s.kv_slots[:-1], p)
+                s.start == len(p) and torch.equal(s.kv_slots[: s.start], p)
                 for s, p in zip(segments, prev)
             )
         )
@@ -95,10 +101,12 @@ class DecodeKV:
             self._k, self._v = list(self._k_all.unbind(0)), list(self._v_all.unbind(0))
             self._shape = (batch, capacity)
         self._rows = [s.kv_slots for s in segments]
+        # Row-major over the pass's tokens, then KV heads: (T * Hkv,) for T new tokens.
         new_index = torch.tensor(
             [
-                (b * heads + h) * capacity + s.end - 1
+                (b * heads + h) * capacity + position
                 for b, s in enumerate(segments)
+                for position in range(s.start, s.end)
                 for h in range(heads)
             ]
         )

@@ -46,7 +46,8 @@ logger = logging.getLogger("sgl_lite")
 # greedy decode parted from float32's on 2 of 64 tokens of the fixed test prompt (64/64 with
 # float32 here; perplexity within 0.6 %). The projection is ~15 % of a layer's weights.
 ACCURACY: dict[str, int] = {"qkv": 0}
-_NP = {torch.float32: np.float32, torch.int32: np.int32}  # bound inputs' element types
+# The bound inputs' element types.
+_NP = {torch.float32: np.float32, torch.int32: np.int32, torch.int64: np.int64}
 
 
 def unsupported(model: Any) -> str | None:
@@ -125,9 +126,10 @@ class _Graph:
 def _step_session(
     model: LlamaForCausalLM, codes: dict[str, GroupAffine], head: GroupAffine, threads: int
 ) -> Any:
-    """The decode step's session: x (B, hidden), seqlens (B,) int32 (each row's length before
-    this token), total (1,) int32 (the longest row after it), and per layer i past_k_i/past_v_i
-    (B, Hkv, C, D) → logits (B, V) and present_k_i/present_v_i, bound to the past buffers."""
+    """The step's session: x (T, hidden) for the pass's T = B * S new tokens, rows (3,) int64
+    (B, S, -1), seqlens (B,) int32 (each row's length after the pass, minus one), total (1,)
+    int32 (the longest row after it), and per layer i past_k_i/past_v_i (B, Hkv, C, D) →
+    logits (T, V) and present_k_i/present_v_i, bound to the past buffers."""
     config = model.config
     layers, hidden = config.num_hidden_layers, config.hidden_size
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -145,7 +147,7 @@ def _step_session(
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
         h = g.rms_norm(x, norms[0], eps)
         qkv = g.linear(codes[f"{i}.self_attn.qkv_proj"], h, "qkv")  # (B, (H + 2Hkv) D)
-        qkv = g.op("Unsqueeze", [qkv, g.ints(1)])  # (B, 1, ...): one new token per row
+        qkv = g.op("Reshape", [qkv, "rows"])  # (B, S, ...): S new tokens in each of B rows
         # onnxruntime's fused attention: RoPE on q and k at each row's position (its seqlens),
         # the new k/v written into the past buffer in place (present is bound to the same
         # memory), softmax over each row's own keys only (ragged rows need no mask).
@@ -163,7 +165,7 @@ def _step_session(
                 scale=float(dim**-0.5),
             )
         )
-        attn = g.op("Reshape", [attn, g.ints(0, heads * dim)])
+        attn = g.op("Reshape", [attn, g.ints(-1, heads * dim)])  # (T, H D)
         x = g.op("Add", [x, g.linear(codes[f"{i}.self_attn.o_proj"], attn, "o")])
         h = g.rms_norm(x, norms[1], eps)
         fused = g.linear(codes[f"{i}.mlp.gate_up_proj"], h, "gate_up")
@@ -176,11 +178,12 @@ def _step_session(
     f, i32 = onnx_proto.FLOAT, onnx_proto.ELEM_TYPES[np.dtype(np.int32)]
     kv_shape: list[int | str] = ["B", kv_heads, "C", dim]
     inputs = [
-        onnx_proto.value_info("x", f, ["B", hidden]),
+        onnx_proto.value_info("x", f, ["T", hidden]),
+        onnx_proto.value_info("rows", onnx_proto.ELEM_TYPES[np.dtype(np.int64)], [3]),
         onnx_proto.value_info("seqlens", i32, ["B"]),
         onnx_proto.value_info("total", i32, [1]),
     ]
-    outputs = [onnx_proto.value_info("logits", f, ["B", head.q.shape[0]])]
+    outputs = [onnx_proto.value_info("logits", f, ["T", head.q.shape[0]])]
     for i in range(layers):
         inputs += [onnx_proto.value_info(f"past_{kv}_{i}", f, kv_shape) for kv in "kv"]
         outputs += [onnx_proto.value_info(f"present_{kv}_{i}", f, kv_shape) for kv in "kv"]
@@ -190,7 +193,8 @@ def _step_session(
 class _StepInputs(NamedTuple):
     """The graph's small inputs, as buffers bound once and filled each pass."""
 
-    x: torch.Tensor  # (B, hidden) float32: the new tokens' embeddings
+    x: torch.Tensor  # (T, hidden) float32: the new tokens' embeddings
+    rows: torch.Tensor  # (3,) int64: B, S, -1 (the query's shape)
     seqlens: torch.Tensor  # (B,) int32
     total: torch.Tensor  # (1,) int32
 
@@ -229,8 +233,12 @@ class OrtDecodeStep:
         return cls(session, model, max_rows, time.perf_counter() - started)
 
     def takes(self, segments: list[Segment]) -> bool:
-        """Whether this pass is one the graph runs: single-token decodes, each wanting its
-        logits, at most `max_rows` of them."""
+        """Whether this pass is one the graph runs: up to `max_rows` single-token decodes, each
+        wanting its logits, or one request's up to `max_rows` new tokens (a jump-forward chunk,
+        a program's next step): onnxruntime's attention takes several new tokens in one row
+        only."""
+        if len(segments) == 1 and 1 < len(segments[0].token_ids) <= self.max_rows:
+            return True
         return len(segments) <= self.max_rows and all(
             len(s.token_ids) == 1 and s.logits_from == 0 for s in segments
         )
@@ -239,9 +247,9 @@ class OrtDecodeStep:
     def run(
         self, segments: list[Segment], pool: KVPool, decode_kv: DecodeKV
     ) -> ForwardOutput | None:
-        """The pass's logits (one row per segment), its K/V written to the pool; None when the
-        decode copies cannot hold this batch (the torch step runs it then)."""
-        view = decode_kv.plan(segments)
+        """The pass's logits (the rows each segment asked for), its K/V written to the pool;
+        None when the decode copies cannot hold this batch (the torch step runs it then)."""
+        view = decode_kv.plan(segments, extend=True)
         if view is None or view.k_all.dtype != torch.float32:
             decode_kv.reset()
             return None
@@ -251,24 +259,24 @@ class OrtDecodeStep:
             decode_kv.reset()  # the copies may be half-updated
             raise
 
-    def _binding(self, view: KVView, batch: int) -> tuple[Any, _StepInputs]:
-        """The IO binding for this batch's copies, made once per copies buffer: binding every
-        layer's past and present (4 per layer) costs ~1 ms of Python a pass, more than the
-        attention itself. The small inputs are buffers the pass fills."""
-        key = (batch, view.capacity, view.k_all.data_ptr(), view.v_all.data_ptr())
+    def _binding(self, view: KVView, batch: int, tokens: int) -> tuple[Any, _StepInputs]:
+        """The IO binding for this batch's copies, made once per copies buffer and pass shape:
+        binding every layer's past and present (4 per layer) costs ~1 ms of Python a pass,
+        more than the attention itself. The small inputs are buffers the pass fills."""
+        key = (batch, tokens, view.capacity, view.k_all.data_ptr(), view.v_all.data_ptr())
         if self._bound is not None and self._bound[0] == key:
             return self._bound[1], self._bound[2]
         inputs = _StepInputs(
-            torch.empty(batch, self.model.config.hidden_size),
+            torch.empty(tokens, self.model.config.hidden_size),
+            torch.tensor([batch, tokens // batch, -1]),
             torch.empty(batch, dtype=torch.int32),
             torch.empty(1, dtype=torch.int32),
         )
         binding = self.session.io_binding()
-        for name, tensor in (("x", inputs.x), ("seqlens", inputs.seqlens), ("total", inputs.total)):
-            binding.bind_input(
-                name, "cpu", 0, _NP[tensor.dtype], list(tensor.shape), tensor.data_ptr()
-            )
-        # Past and present share each layer's copy: the graph appends this step's K/V there.
+        for name, tensor in zip(_StepInputs._fields, inputs):
+            dtype = _NP[tensor.dtype]
+            binding.bind_input(name, "cpu", 0, dtype, list(tensor.shape), tensor.data_ptr())
+        # Past and present share each layer's copy: the graph appends this pass's K/V there.
         for i, (k, v) in enumerate(zip(view.k, view.v)):
             for kind, tensor in (("k", k), ("v", v)):
                 shape, ptr = list(tensor.shape), tensor.data_ptr()
@@ -280,7 +288,7 @@ class OrtDecodeStep:
     def _run(self, segments: list[Segment], pool: KVPool, view: KVView) -> ForwardOutput:
         batch = len(segments)
         ends = torch.tensor([s.end for s in segments])
-        if view.fresh:  # every layer's prefix at once (this step's own slot the graph writes)
+        if view.fresh:  # every layer's prefix at once (the pass's own slots the graph writes)
             longest = int(ends.max())
             slots = torch.zeros(batch, longest, dtype=torch.long)
             for b, seg in enumerate(segments):
@@ -290,21 +298,24 @@ class OrtDecodeStep:
                 gathered = source.index_select(1, slots.flatten()).view(shape)
                 copy[:, :, :, :longest].copy_(gathered.transpose(2, 3))
         model = self.model
-        ids = torch.tensor([s.token_ids[0] for s in segments], dtype=torch.long)
-        binding, inputs = self._binding(view, batch)
+        ids = torch.tensor([t for s in segments for t in s.token_ids], dtype=torch.long)
+        tokens = len(ids)
+        binding, inputs = self._binding(view, batch, tokens)
         inputs.x.copy_(model.embed_tokens(ids))
-        inputs.seqlens.copy_(ends - 1)  # the keys before this token; it goes at that index
+        inputs.seqlens.copy_(ends - 1)  # a row's keys before its last new token
         inputs.total.fill_(int(ends.max()))
-        logits = torch.empty(batch, self.vocab)  # fresh each pass: callers may keep it
+        logits = torch.empty(tokens, self.vocab)  # fresh each pass: callers may keep it
         binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.data_ptr())
         self.session.run_with_iobinding(binding)
-        # The pool gets this step's K/V rows, read back from where the graph put them.
+        # The pool gets this pass's K/V rows, read back from where the graph put them.
         rows = (self.layers, -1, self.head_dim)
-        kv_out = (self.layers, batch, self.kv_heads, self.head_dim)
+        kv_out = (self.layers, tokens, self.kv_heads, self.head_dim)
         new_k = view.k_all.view(rows).index_select(1, view.new_index).view(kv_out)
         new_v = view.v_all.view(rows).index_select(1, view.new_index).view(kv_out)
-        out_slots = torch.stack([s.kv_slots[-1] for s in segments]).to(torch.long)
+        out_slots = torch.cat([s.kv_slots[s.start :] for s in segments]).to(torch.long)
         pool.write_all_layers(out_slots, new_k, new_v)
         if model.logits_scaling != 1.0:
             logits = logits / model.logits_scaling
+        if batch == 1:  # one request's tokens: the rows it asked for
+            return ForwardOutput(logits, [(segments[0].logits_from, tokens)])
         return ForwardOutput(logits, [(b, b + 1) for b in range(batch)])
