@@ -217,6 +217,17 @@ def create_app(
         chunks = await bridge.open_stream(sub)
         return StreamingResponse(_native_events(sub, chunks), media_type="text/event-stream")
 
+    @app.post("/v1/embeddings")
+    @app.post("/encode")
+    async def embeddings() -> JSONResponse:
+        # SGLang serves these for --is-embedding models; the 404 says what to use instead
+        raise ApiError(
+            404,
+            "embeddings are not served: sgl_lite runs generation models (--is-embedding "
+            "included); rank documents with POST /v1/rerank, score next tokens with POST "
+            "/v1/score, get token ids from POST /tokenize",
+        )
+
     @app.get("/cache_tree")
     async def cache_tree(snippet_chars: int = 60) -> JSONResponse:
         if not 1 <= snippet_chars <= 10_000:

@@ -191,6 +191,23 @@ def test_bad_input_is_a_4xx_with_sglangs_error_body(served, path, body, status, 
     served[1].check_integrity()
 
 
+def test_a_document_past_the_context_is_a_400_naming_documents(served):
+    long = "Paris " * 3000  # past the fake runner's 2048-token context
+    response = post(served, documents=["short", long])
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "documents"
+    assert flush(served[0])["pool_used_tokens"] == 0
+    served[1].check_integrity()
+
+
+def test_embeddings_are_a_404_that_says_what_to_use(served):
+    for path in ("/v1/embeddings", "/encode"):
+        response = httpx.post(f"{served[0]}{path}", json={"input": "hi"}, timeout=10)
+        assert response.status_code == 404
+        message = response.json()["error"]["message"]
+        assert "embeddings are not served" in message and "/v1/rerank" in message
+
+
 def test_a_tokenizer_without_a_chat_template_gets_the_plain_question():
     tokenizer = ByteTokenizer()
     req = RerankRequest(query="q?", documents=["d1", "d2"])
