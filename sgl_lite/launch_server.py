@@ -89,7 +89,17 @@ IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
     IgnoredFlag(
         "--enable-cache-report", False, "usage always reports prompt_tokens_details.cached_tokens"
     ),
+    IgnoredFlag(
+        "--is-embedding",
+        False,
+        "the model is served as a generation model: /v1/rerank ranks by its yes/no answer (as "
+        "SGLang's decoder-only rerankers do), and there are no embeddings (/v1/embeddings, "
+        "/encode); generation endpoints stay on",
+    ),
 )
+# SGLang's `--chunked-prefill-size -1` (never split a prompt): a prefill pass then takes up to
+# this many tokens, SGLang's --max-prefill-tokens default, longer than any context we serve
+UNCHUNKED_PREFILL_TOKENS = 16384
 
 
 def _ignored_dest(flag: IgnoredFlag) -> str:
@@ -291,6 +301,12 @@ def log_ignored_flags(args: argparse.Namespace) -> None:
     """Logs each no-op flag given, once, with why it changes nothing."""
     for flag in ignored_flags(args):
         logger.warning("ignored: %s (%s)", flag.flag, flag.why)
+    if getattr(args, "unchunked_prefill", False):
+        logger.info(
+            "--chunked-prefill-size -1: prompts are not split; a prefill pass takes up to %d "
+            "tokens",
+            args.chunked_prefill_size,
+        )
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -337,6 +353,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         value = getattr(args, _ignored_dest(flag))
         if flag.only and value not in flag.only:
             parser.error(f"{flag.flag} {value}: {flag.why}")
+    if args.chunked_prefill_size == -1:
+        args.chunked_prefill_size = max(UNCHUNKED_PREFILL_TOKENS, args.context_length or 0)
+        args.unchunked_prefill = True  # logged with the ignored flags, once logging is set up
 
 
 _ENGINE_FLAGS = (

@@ -4,8 +4,9 @@
 wire (JSON bodies, SSE, status codes, auth, body limits) and the bridge from asyncio to the
 engine's blocking calls (`bridge.py`); it never touches tensors, slots or the scheduler. The
 OpenAI endpoints live in `openai/completions.py` and `openai/chat.py` (SGLang's /v1/score in
-`openai/score.py`), /tokenize in `tokenizer_api.py`; all share the bridge and the error body.
-`compat.py` decides which foreign request fields are honoured.
+`openai/score.py`, /v1/rerank in `openai/rerank.py`), /tokenize in `tokenizer_api.py`; all
+share the bridge and the error body. `compat.py` decides which foreign request fields are
+honoured.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sgl_lite.server.compat import generate_body, sglang05_meta
 from sgl_lite.server.metrics import CONTENT_TYPE, ServerMetrics
 from sgl_lite.server.openai.chat import add_chat_routes
 from sgl_lite.server.openai.completions import add_openai_routes
+from sgl_lite.server.openai.rerank import add_rerank_routes
 from sgl_lite.server.openai.responses import DEFAULT_STORE_SIZE, add_responses_routes
 from sgl_lite.server.openai.score import add_score_routes
 from sgl_lite.server.openapi import install_openapi
@@ -215,6 +217,17 @@ def create_app(
         chunks = await bridge.open_stream(sub)
         return StreamingResponse(_native_events(sub, chunks), media_type="text/event-stream")
 
+    @app.post("/v1/embeddings")
+    @app.post("/encode")
+    async def embeddings() -> JSONResponse:
+        # SGLang serves these for --is-embedding models; the 404 says what to use instead
+        raise ApiError(
+            404,
+            "embeddings are not served: sgl_lite runs generation models (--is-embedding "
+            "included); rank documents with POST /v1/rerank, score next tokens with POST "
+            "/v1/score, get token ids from POST /tokenize",
+        )
+
     @app.get("/cache_tree")
     async def cache_tree(snippet_chars: int = 60) -> JSONResponse:
         if not 1 <= snippet_chars <= 10_000:
@@ -226,7 +239,7 @@ def create_app(
         return Response(await bridge.call(metrics.render), media_type=CONTENT_TYPE)
 
     accepted_names = {"default", name, config.model_path or "default", str(engine.model_folder)}
-    for add_routes in (add_openai_routes, add_chat_routes, add_score_routes):
+    for add_routes in (add_openai_routes, add_chat_routes, add_score_routes, add_rerank_routes):
         add_routes(
             app,
             bridge,

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+from sgl_lite.server.openai.rerank import RerankItem, RerankRequest, RerankResults
 from sgl_lite.server.openai.responses_protocol import ResponsesRequest
 from sgl_lite.server.openai.score import ScoreRequest, ScoreResponse
 from sgl_lite.server.protocol import (
@@ -143,6 +144,9 @@ ROUTES: dict[str, tuple[type[BaseModel] | None, Any, bool]] = {
     "/v1/models": (None, ModelList, False),
     "/v1/responses": (ResponsesRequest, ResponseObject, True),
     "/v1/score": (ScoreRequest, ScoreResponse, False),
+    "/v1/rerank": (RerankRequest, list[RerankItem], False),
+    "/v2/rerank": (RerankRequest, RerankResults, False),
+    "/rerank": (RerankRequest, RerankResults, False),
     # "METHOD path" where a path's operations answer differently
     "GET /v1/responses/{response_id}": (None, ResponseObject, False),
     "DELETE /v1/responses/{response_id}": (None, DeletedResponse, False),

@@ -79,7 +79,7 @@ def add_score_routes(
             results = await bridge.collect(sub, request)
             scores = [label_scores(r["meta_info"], req.apply_softmax) for r in results]
         except ApiError as exc:
-            return _sglang_error(exc)
+            return sglang_error(exc)
         prompt_tokens = sum(r["meta_info"]["prompt_tokens"] for r in results)
         body = ScoreResponse(
             scores=scores,
@@ -122,14 +122,20 @@ def score_prompts(req: ScoreRequest) -> list[str] | list[list[int]]:
     return [ids + query_ids if req.item_first else query_ids + ids for ids in lists]
 
 
-def label_scores(meta: dict[str, Any], apply_softmax: bool) -> list[float]:
-    """One item's scores from its result's `output_token_ids_logprobs` (first output token);
-    a 503 when the engine aborted the item before its token (its --request-timeout)."""
+def label_logprobs(meta: dict[str, Any]) -> list[float]:
+    """The full-vocabulary logprob of each chosen id at an item's first output position, from
+    its result's `output_token_ids_logprobs`; a 503 when the engine aborted the item before
+    its token (its --request-timeout)."""
     entries = meta.get("output_token_ids_logprobs") or [None]
     if entries[0] is None:
         reason = meta.get("finish_reason") or {}
         raise ApiError(503, f"the item was not scored: {reason.get('message', 'aborted')}")
-    logprobs = [entry[0] for entry in entries[0]]
+    return [entry[0] for entry in entries[0]]
+
+
+def label_scores(meta: dict[str, Any], apply_softmax: bool) -> list[float]:
+    """One item's scores (`label_logprobs` as probabilities, or softmaxed over the labels)."""
+    logprobs = label_logprobs(meta)
     if not apply_softmax:
         return [math.exp(lp) for lp in logprobs]
     # softmax over the labels alone: their logits differ from their logprobs by one constant
@@ -141,7 +147,7 @@ def label_scores(meta: dict[str, Any], apply_softmax: bool) -> list[float]:
     return [w / total for w in weights]
 
 
-def _sglang_error(exc: ApiError) -> JsonResponse:
+def sglang_error(exc: ApiError) -> JsonResponse:
     """`exc`'s error body with SGLang's ErrorResponse fields at the top level as well."""
     body = {
         "object": "error",
