@@ -5,7 +5,7 @@ Binds to loopback unless --host says otherwise. The deployment guide's command l
 written: SGLang's common flags are accepted under their names (`--mem-fraction-static`,
 `--tp-size 1`, `--trust-remote-code`, ...); SGLang's tuning flags that mean nothing on this
 engine (`--cuda-graph-max-bs`, `--enable-torch-compile`, ...) are accepted, logged once as
-ignored at start-up and listed apart in --help (`IGNORED_FLAGS`, the one list of them); any
+ignored at start-up and listed apart in --help (`sglang_flags.IGNORED_FLAGS`, the one list of them); any
 other SGLang flag sgl_lite does not have is an error that names it and the nearest flag it does
 have. `--dp N` serves N worker processes behind sglang-router as one command (`cluster.py`).
 """
@@ -20,7 +20,9 @@ import os
 import sys
 import threading
 import time
-from typing import NamedTuple, NoReturn
+from typing import NoReturn
+
+from sgl_lite.sglang_flags import IGNORED_FLAGS, ignored_dest, ignored_flags
 
 logger = logging.getLogger("sgl_lite.server")
 
@@ -32,78 +34,9 @@ ROUTER_HINT = (
 )
 
 
-class IgnoredFlag(NamedTuple):
-    """An SGLang flag accepted as a no-op: a GPU or scheduler tuning knob with nothing to tune
-    here. `only`: the values that are no-ops (others are refused); empty means any."""
-
-    flag: str
-    takes_value: bool
-    why: str
-    only: tuple[str, ...] = ()
-    many: bool = False  # takes a list of values (`--cuda-graph-bs 1 2 4`)
-
-
-_NO_CUSTOM_KERNELS = "this engine runs its own torch code; there is no kernel backend to choose"
-_GRAPH_SIZES = "CUDA graphs are captured at fixed batch sizes (1, 2, 4, ... 32)"
-_ONE_DEVICE = "one device per process: there is no collective communication to tune"
-IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
-    IgnoredFlag("--cuda-graph-max-bs", True, _GRAPH_SIZES),
-    IgnoredFlag("--cuda-graph-bs", True, _GRAPH_SIZES, many=True),
-    IgnoredFlag("--disable-cuda-graph-padding", False, "graphs always pad to a captured size"),
-    IgnoredFlag(
-        "--disable-overlap-schedule",
-        False,
-        "scheduling does not overlap the forward pass; grammar masks do (--disable-overlap-masks)",
-    ),
-    IgnoredFlag("--enable-torch-compile", False, "the model runs eagerly (or from CUDA graphs)"),
-    IgnoredFlag("--torch-compile-max-bs", True, "the model is never torch.compile'd"),
-    IgnoredFlag("--attention-backend", True, _NO_CUSTOM_KERNELS),
-    IgnoredFlag("--prefill-attention-backend", True, _NO_CUSTOM_KERNELS),
-    IgnoredFlag("--decode-attention-backend", True, _NO_CUSTOM_KERNELS),
-    IgnoredFlag("--sampling-backend", True, _NO_CUSTOM_KERNELS),
-    IgnoredFlag(
-        "--kv-cache-dtype",
-        True,
-        "the KV cache is kept in the weights' dtype (--dtype); only 'auto' is accepted",
-        only=("auto",),
-    ),
-    IgnoredFlag(
-        "--schedule-conservativeness",
-        True,
-        "a prompt is admitted when it fits and decode preempts when slots run short: no "
-        "new-token estimate to tune",
-    ),
-    IgnoredFlag(
-        "--enable-mixed-chunk",
-        False,
-        "prefill batches always carry the running requests' decode tokens",
-    ),
-    IgnoredFlag("--enable-p2p-check", False, _ONE_DEVICE),
-    IgnoredFlag("--disable-custom-all-reduce", False, _ONE_DEVICE),
-    IgnoredFlag("--stream-interval", True, "every token is streamed as it is decoded"),
-    IgnoredFlag("--skip-server-warmup", False, "the server sends no warm-up request"),
-    IgnoredFlag("--log-requests", False, "requests are not logged; --log-level debug logs access"),
-    IgnoredFlag("--log-requests-level", True, "requests are not logged"),
-    IgnoredFlag("--decode-log-interval", True, "no periodic decode log; see /metrics"),
-    IgnoredFlag("--enable-metrics", False, "/metrics is always served"),
-    IgnoredFlag(
-        "--enable-cache-report", False, "usage always reports prompt_tokens_details.cached_tokens"
-    ),
-    IgnoredFlag(
-        "--is-embedding",
-        False,
-        "the model is served as a generation model: /v1/rerank ranks by its yes/no answer (as "
-        "SGLang's decoder-only rerankers do), and there are no embeddings (/v1/embeddings, "
-        "/encode); generation endpoints stay on",
-    ),
-)
 # SGLang's `--chunked-prefill-size -1` (never split a prompt): a prefill pass then takes up to
 # this many tokens, SGLang's --max-prefill-tokens default, longer than any context we serve
 UNCHUNKED_PREFILL_TOKENS = 16384
-
-
-def _ignored_dest(flag: IgnoredFlag) -> str:
-    return "ignored_" + flag.flag.lstrip("-").replace("-", "_")
 
 
 class _SGLangParser(argparse.ArgumentParser):
@@ -283,18 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Tuning knobs with nothing to tune on this engine; each one given is logged at start-up.",
     )
     for flag in IGNORED_FLAGS:
-        kwargs: dict = {"dest": _ignored_dest(flag), "default": None, "help": flag.why}
+        kwargs: dict = {"dest": ignored_dest(flag), "default": None, "help": flag.why}
         if flag.takes_value:
             kwargs |= {"metavar": "VALUE", "nargs": "+" if flag.many else None}
         else:
             kwargs["action"] = "store_true"
         ignored.add_argument(flag.flag, **kwargs)
     return p
-
-
-def ignored_flags(args: argparse.Namespace) -> list[IgnoredFlag]:
-    """The no-op flags the command line gave (see IGNORED_FLAGS)."""
-    return [f for f in IGNORED_FLAGS if getattr(args, _ignored_dest(f)) not in (None, False)]
 
 
 def log_ignored_flags(args: argparse.Namespace) -> None:
@@ -350,7 +278,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         except ValueError as exc:
             parser.error(str(exc))
     for flag in ignored_flags(args):
-        value = getattr(args, _ignored_dest(flag))
+        value = getattr(args, ignored_dest(flag))
         if flag.only and value not in flag.only:
             parser.error(f"{flag.flag} {value}: {flag.why}")
     if args.chunked_prefill_size == -1:
