@@ -101,26 +101,39 @@ def prepare_weights(
     if deterministic:
         return PreparedWeights(*_install_deterministic(model, fmt, quantized, config, note))
     key = (str(folder), kind, config.dtype, config.quantization, threads)
-    fmt, note = _install_fast(model, fmt, quantized, config, caps, threads, note, key)
+    # The fused linears' block codes once, for torch's int4 packing and the onnxruntime step.
+    codes = exact_codes(model, fmt.int_kind, quantized) if _wants_codes(model, fmt) else None
+    fmt, note = _install_fast(model, fmt, quantized, config, caps, threads, note, key, codes)
     if fmt.int_kind is None:  # the probes dropped the int kernels
         return PreparedWeights(fmt, note)
-    step, step_note = _decode_step(model, fmt.int_kind, quantized, threads)
+    step, step_note = _decode_step(model, fmt.int_kind, quantized, threads, codes)
     # In the format's reason, so the start-up line and /get_server_info say which step runs.
     return PreparedWeights(replace(fmt, reason=fmt.reason + step_note), note, step)
 
 
+def _wants_codes(model: LlamaForCausalLM, fmt: WeightFormat) -> bool:
+    """Whether the fast mode will read the fused linears' exact codes: torch's int4 packing
+    does, and so does the onnxruntime step where it can run."""
+    return fmt.int_kind == "int4" or not (ort_nbits.available() or unsupported(model))
+
+
 def _decode_step(
-    model: LlamaForCausalLM, kind: str, quantized: dict[str, GroupAffine], threads: int
+    model: LlamaForCausalLM,
+    kind: str,
+    quantized: dict[str, GroupAffine],
+    threads: int,
+    codes: tuple[dict[str, GroupAffine], GroupAffine] | None = None,
 ) -> tuple[OrtDecodeStep | None, str]:
-    """The fast mode's whole decode step on onnxruntime, or None and why not (logged)."""
+    """The fast mode's whole decode step on onnxruntime, or None and why not (logged);
+    `codes` are `exact_codes`' answer where the caller has it."""
     why = ort_nbits.available() or unsupported(model)
     if os.environ.get(DISABLE_ORT_STEP_ENV) == "1":
         why = f"{DISABLE_ORT_STEP_ENV}=1"
     step = None
     if not why:
         try:
-            codes, head = exact_codes(model, kind, quantized)
-            step = OrtDecodeStep.build(model, codes, head, threads, ORT_STEP_MAX_ROWS)
+            linears, head = codes or exact_codes(model, kind, quantized)
+            step = OrtDecodeStep.build(model, linears, head, threads, ORT_STEP_MAX_ROWS)
         except Exception as exc:  # onnxruntime raises its own types; any failure falls back
             why = f"{type(exc).__name__}: {exc}"
     if step is None:
@@ -183,9 +196,12 @@ def _install_fast(
     threads: int,
     note: str,
     key: tuple[object, ...],
+    codes: tuple[dict[str, GroupAffine], GroupAffine] | None = None,
 ) -> tuple[WeightFormat, str]:
     """The fastest int kernel for the layers and, apart, for the head, on the passes where it
-    beats the dense GEMM; the dense weights stay for the longer passes."""
+    beats the dense GEMM; the dense weights stay for the longer passes. `codes`: the fused
+    linears' exact codes, where already read."""
+    linear_codes = codes[0] if codes else None
     kind = fmt.int_kind
     assert kind is not None
     choice, probe, head = _CHOICES.get(key), None, None
@@ -197,7 +213,7 @@ def _install_fast(
         # with it vs 47 without): torch's OpenMP team sleeps and wakes around each foreign call.
         kernels = ("onnxruntime", "torch") if threads == 1 else ("torch",)
         for kernel in kernels:
-            why = _probe(model, kind, quantized, kernel, threads, probes)
+            why = _probe(model, kind, quantized, kernel, threads, probes, linear_codes)
             if why:
                 logger.info("sgl_lite weights: %s kernel not used: %s", kernel, why)
                 note += f"; {kernel} kernel not used: {why}"
@@ -212,7 +228,14 @@ def _install_fast(
         head = probes[choice.head_kernel].head if choice.head_kernel else None
     head_kernel = None if head is not None else choice.head_kernel
     full = pack_model(
-        model, kind, quantized, choice.kernel, threads, head_kernel=head_kernel, reuse=probe
+        model,
+        kind,
+        quantized,
+        choice.kernel,
+        threads,
+        head_kernel=head_kernel,
+        reuse=probe,
+        codes=linear_codes,
     )
     full.head = head or full.head
     full.install(model, keep_dense=True)
@@ -286,6 +309,7 @@ def _probe(
     kernel: str,
     threads: int,
     probes: dict[str, PackedModel],
+    codes: dict[str, GroupAffine] | None = None,
 ) -> str | None:
     """Packs each layer's widest linear for `kernel` and checks it against the dense product;
     adds it to `probes`, or returns why the kernel cannot be used."""
@@ -294,7 +318,7 @@ def _probe(
         if missing:
             return missing
     try:
-        packed = pack_model(model, kind, quantized, kernel, threads, widest_only=True)
+        packed = pack_model(model, kind, quantized, kernel, threads, widest_only=True, codes=codes)
         weight, dense = packed.probe_pairs()[0]
         x = torch.randn(2, dense.shape[1], generator=torch.Generator().manual_seed(0))
         got = weight.matmul(x.to(weight.input_dtype)).float()

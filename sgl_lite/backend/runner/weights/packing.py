@@ -114,15 +114,24 @@ def _affine_int8(weight: torch.Tensor) -> GroupAffine:
     return GroupAffine(q.view(n, k), scale, torch.zeros_like(scale), bits=8)
 
 
+def _file_parts(
+    quantized: dict[str, GroupAffine], layer: int, name: str, bits: int
+) -> list[GroupAffine] | None:
+    """The file's own `bits`-wide codes of fused linear `name`'s parts in `layer`, or None
+    where the file lacks any of them at that width."""
+    parts = [quantized.get(f"model.layers.{layer}.{p}.weight") for p in FUSED_PARTS[name]]
+    if all(p is not None and p.bits == bits for p in parts):
+        return parts  # type: ignore[return-value]
+    return None
+
+
 def _file_codes(
     quantized: dict[str, GroupAffine], layer: int, name: str, bits: int
 ) -> GroupAffine | None:
     """Fused linear `name` of `layer` from the file's own `bits`-wide codes, or None where the
     file lacks any of its parts at that width."""
-    parts = [quantized.get(f"model.layers.{layer}.{p}.weight") for p in FUSED_PARTS[name]]
-    if all(p is not None and p.bits == bits for p in parts):
-        return GroupAffine.cat(parts)  # type: ignore[arg-type]
-    return None
+    parts = _file_parts(quantized, layer, name, bits)
+    return GroupAffine.cat(parts) if parts is not None else None
 
 
 def exact_codes(
@@ -189,6 +198,7 @@ def pack_model(
     widest_only: bool = False,
     head_kernel: str | None = "same",
     reuse: PackedModel | None = None,
+    codes: dict[str, GroupAffine] | None = None,
 ) -> PackedModel:
     """Packs every decoder linear and the LM head for `kind` on `kernel` (see the module doc).
 
@@ -198,7 +208,9 @@ def pack_model(
     each layer's largest linear, for timing the kernels against each other before packing all.
     `head_kernel` packs the LM head for another kernel ("same": `kernel`; None: the head stays
     dense). `reuse` is an earlier probe's packing on the same kernels: its linears (and its
-    head) are taken as they are. Raises RuntimeError if a kernel's packing fails on this build.
+    head) are taken as they are. `codes` are `exact_codes`' for `kind`, where the caller has
+    them already (the fused linears' codes are then not concatenated again). Raises
+    RuntimeError if a kernel's packing fails on this build.
     """
     head_kernel = kernel if head_kernel == "same" else head_kernel
     for name in (kernel, head_kernel or kernel):
@@ -216,11 +228,13 @@ def pack_model(
         # kernel, blocks of 32 like Q8_0) take the file's codes as they are.
         bits = {"int4": 4, "int8": 8}[kind]
         exact = kind == "int4" or kernel == "onnxruntime"
-        affine = _file_codes(quantized, i, name, bits) if exact else None
-        from_file += affine is not None
-        packed = done.get(id(linear)) or _pack_one(
-            linear.weight.detach(), kind, affine, kernel, threads
-        )
+        from_file += exact and _file_parts(quantized, i, name, bits) is not None
+        packed = done.get(id(linear))
+        if packed is None:
+            affine = None
+            if exact:
+                affine = codes[f"{i}.{name}"] if codes else _file_codes(quantized, i, name, bits)
+            packed = _pack_one(linear.weight.detach(), kind, affine, kernel, threads)
         linears.append((linear, packed))
         packed_bytes += _nbytes(packed)
         dense_bytes += linear.weight.numel() * 4  # float32 until the model is cast

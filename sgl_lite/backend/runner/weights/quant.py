@@ -90,10 +90,12 @@ class Int4Weight:
             raise ValueError(f"int4 packing needs 4-bit codes, got {w.bits}-bit")
         n, k = w.q.shape
         check_shape("int4", n, k)
-        zero = w.offset + 8 * w.scale
-        scale_zeros = torch.stack([w.scale, zero], dim=-1).transpose(0, 1).contiguous()
+        # (K // GROUP, N, 2) written in place, rounded to bf16 once (no stacked float copy)
+        scale_zeros = torch.empty(k // GROUP, n, 2, dtype=torch.bfloat16)
+        scale_zeros[..., 0].copy_(w.scale.t())
+        scale_zeros[..., 1].copy_((w.offset + 8 * w.scale).t())
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.q.to(torch.int32), 1)
-        return cls(packed, scale_zeros.to(torch.bfloat16), (n, k))
+        return cls(packed, scale_zeros, (n, k))
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> Int4Weight:
