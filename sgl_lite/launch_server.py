@@ -5,9 +5,10 @@ Binds to loopback unless --host says otherwise. The deployment guide's command l
 written: SGLang's common flags are accepted under their names (`--mem-fraction-static`,
 `--tp-size 1`, `--trust-remote-code`, ...); SGLang's tuning flags that mean nothing on this
 engine (`--cuda-graph-max-bs`, `--enable-torch-compile`, ...) are accepted, logged once as
-ignored at start-up and listed apart in --help (`sglang_flags.IGNORED_FLAGS`, the one list of them); any
-other SGLang flag sgl_lite does not have is an error that names it and the nearest flag it does
-have. `--dp N` serves N worker processes behind sglang-router as one command (`cluster.py`).
+ignored at start-up and listed apart in --help (`sglang_flags.IGNORED_FLAGS`, the one list of
+them); any other SGLang flag sgl_lite does not have is an error that names it and the nearest
+flag it does have. `--dp N` serves N worker processes behind sglang-router as one command
+(`cluster.py`).
 """
 
 from __future__ import annotations
