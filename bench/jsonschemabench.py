@@ -45,6 +45,7 @@ from bench.jsonschemabench_eval import (
     coverage_table,
     group_refusals,
     judge,
+    markdown_table,
 )
 
 DATA = Path(__file__).parent / "data" / "jsonschemabench"
@@ -429,6 +430,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "refusals": refusals,
         "records": records,
     }
+    if not args.no_model:
+        for backend in args.backends:
+            print(f"\n{backend}, for docs/constraints.md:\n" + markdown_table(result, backend))
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"\nwrote {args.out}")
     return result

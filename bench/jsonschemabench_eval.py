@@ -255,3 +255,61 @@ def compile_table(times: dict[str, dict[str, Any]]) -> str:
             f"{t['accepted_with_notes']:>7}  {chosen}"
         )
     return "\n".join(lines)
+
+
+# --- why an output scored 0 ------------------------------------------------------------------
+CUT = "output is cut after"  # the grammar backends' budget_cut violation (grammar_guide.py)
+
+
+def miss_cause(record: dict[str, Any]) -> str | None:
+    """Why one scored record is not valid, None when it is: "engine: ..." for what the engine
+    refused or broke, "budget: ..." for an output the closer could not finish within
+    max_new_tokens, "benchmark: ..." for a schema or prompt the run cannot take, and
+    "BUG: ..." for an output the engine passed as valid that the judge fails (a compliance
+    bug: there must be none)."""
+    status = record.get("status")
+    if status in (None, "valid"):
+        return None
+    if status == "refused":
+        keyword = refusal_keyword(record.get("reason") or record.get("refusal") or "")
+        return "engine: compile timeout" if keyword == "(compile timeout)" else "engine: refused"
+    if status == "prompt_too_long":
+        return "benchmark: prompt over the context"
+    if status == "schema_invalid":
+        return "benchmark: schema fails Draft 2020-12"
+    if status == "error":
+        return "engine: error"
+    reported = record.get("engine_violation")
+    if reported is None:
+        return "BUG: passed as valid"
+    if reported.startswith(CUT):
+        return "budget: cut at max_new_tokens"
+    return "engine: violation reported"
+
+
+def miss_causes(records: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How many of `records` missed for each `miss_cause`, largest first."""
+    counts = Counter(c for r in records if (c := miss_cause(r)) is not None)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def markdown_table(result: dict[str, Any], backend: str) -> str:
+    """One backend's figures per sub-dataset beside Table 4 (XGrammar's and the best
+    framework's empirical coverage), with every miss counted by `miss_cause`, as markdown."""
+    lines = [
+        "| sub-dataset | n | declared | empirical | compliance | paper: XGrammar | paper: best "
+        "| misses by cause |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for sub, cell in result["summary"][backend].items():
+        records = [r for r in result["records"] if r["backend"] == backend and r["sub"] == sub]
+        paper = PAPER_TABLE4.get(sub)
+        xgr = "–" if paper is None else ("NA" if paper["xgrammar"] is None else paper["xgrammar"])
+        best = "–" if paper is None else f"{paper['best']} ({paper['best_by']})"
+        causes = "; ".join(f"{k} {v}" for k, v in miss_causes(records).items()) or "none"
+        lines.append(
+            f"| {sub} | {cell['n']} | {_f(cell['declared']).strip()} "
+            f"| {_f(cell.get('empirical')).strip()} | {_f(cell.get('compliance')).strip()} "
+            f"| {xgr} | {best} | {causes} |"
+        )
+    return "\n".join(lines)
