@@ -24,6 +24,9 @@ milliseconds, and the ratios are to the same step's forward. The overhead on the
 critical path (`overhead_ms`) = mask submit + mask wait + mask apply (less the unconstrained
 run's submit and apply) + the guide calls. The worker's mask time overlaps the forward; on a
 machine with fewer free cores than threads it competes with it for CPU, so it is reported too.
+Each wrapped call also records its thread's CPU time (`time.thread_time`): on a loaded machine
+wall times include preemption, so the CPU-time ratio of (mask apply + guide calls) to the
+forward (one OpenMP thread: the loop thread does the forward's work) is the steadier figure.
 
 Prompts are short and shared (the radix cache keeps one copy), so prefill stays small at 64.
 """
@@ -73,14 +76,15 @@ class StepClock:
                 return fn(*args, **kwargs)
             if leaf:
                 self._local.depth = depth + 1
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                seconds = time.perf_counter() - start
+                seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
                 self._local.depth = depth
                 with self.lock:
                     self.totals[name] += seconds
+                    self.totals[f"{name}_cpu"] += cpu
 
         return timed
 
@@ -234,14 +238,22 @@ def summarize(steps: list[dict[str, Any]], n: int) -> dict[str, Any]:
         parts = ("schedule", "mask_start", "forward", "mask_wait", "sample", "process")
         s["rest"] = s["step"] - sum(s.get(k, 0.0) for k in parts)
     keys = ("step", "forward", "sample", "process", "schedule", "mask_start", "rest")
-    keys += ("masks_worker", "mask_wait", "mask_apply", "guide_loop", "final_check")
+    parts = ("masks_worker", "mask_wait", "mask_apply", "guide_loop", "final_check")
+    cpu = tuple(f"{k}_cpu" for k in ("forward", "masks_worker", "mask_apply", "guide_loop"))
     out: dict[str, Any] = {"steps": len(full)}
-    for key in keys:
+    for key in keys + parts + cpu:
         values = [s.get(key, 0.0) * 1e3 for s in full]
         out[f"{key}_ms"] = round(statistics.median(values), 3) if values else None
-    for key in keys[7:]:
+    for key in parts:
         ratios = [s.get(key, 0.0) / s["forward"] for s in full if s.get("forward")]
         out[f"{key}_ratio"] = round(statistics.median(ratios), 4) if ratios else None
+    # the same on CPU time (each thread's own), which a loaded machine's preemption leaves out
+    ratios = [
+        (s.get("mask_apply_cpu", 0.0) + s.get("guide_loop_cpu", 0.0)) / s["forward_cpu"]
+        for s in full
+        if s.get("forward_cpu")
+    ]
+    out["apply_and_guide_cpu_ratio"] = round(statistics.median(ratios), 4) if ratios else None
     return out
 
 
@@ -376,19 +388,21 @@ def table(runs: dict[str, dict[str, Any]], batches: list[int]) -> str:
     decode steps) and the critical-path overhead (`overhead_ms`) as a share of the forward."""
     lines = [
         "| batch | steps | forward ms | masks on worker ms | submit ms | wait ms | apply ms "
-        "| guide calls ms | loop-thread overhead / forward | step ms (unconstrained) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| guide calls ms | loop-thread overhead / forward | same, CPU time "
+        "| step ms (unconstrained) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in batches:
         c, u = runs.get(f"json_schema@{n}"), runs.get(f"none@{n}")
         if not c or not c["steps"]:
-            lines.append(f"| {n} | 0 | | | | | | | | |")
+            lines.append(f"| {n} | 0 | | | | | | | | | |")
             continue
         extra = overhead_ms(c, u)
         lines.append(
             f"| {n} | {c['steps']} | {c['forward_ms']:.1f} | {c['masks_worker_ms']:.2f} "
             f"| {c['mask_start_ms']:.2f} | {c['mask_wait_ms']:.2f} | {c['mask_apply_ms']:.2f} "
             f"| {c['guide_loop_ms']:.2f} | {100 * extra / c['forward_ms']:.1f} % "
+            f"| {100 * (c.get('apply_and_guide_cpu_ratio') or 0):.1f} % "
             f"| {c['step_ms']:.1f} ({(u or {}).get('step_ms') or 0:.1f}) |"
         )
     return "\n".join(lines)
