@@ -54,8 +54,9 @@ STATUSES = (
 
 def format_checker() -> FormatChecker:
     """jsonschema's default format checker with ipv4, ipv6 and uuid checked by the standard
-    library, as the paper's evaluation registers them. Which other formats are checked depends
-    on the optional packages installed (see `checked_formats`).
+    library, as the paper's evaluation registers them, and `time` checked as Draft 2020-12
+    defines it (`_is_rfc3339_time`). Which other formats are checked depends on the optional
+    packages installed (see `checked_formats`).
 
     NOTE: the paper's three checkers return None, which jsonschema reads as "not this format",
     so there every string under those formats fails, valid or not; here a valid one passes.
@@ -70,7 +71,22 @@ def format_checker() -> FormatChecker:
             return True
 
         checker.checks(name, raises=ValueError)(check)
+    checker.checks("time")(_is_rfc3339_time)
     return checker
+
+
+# RFC 3339's full-time (Draft 2020-12's `time`): a time of day with a fraction and an offset
+_FULL_TIME = re.compile(
+    r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+)
+
+
+def _is_rfc3339_time(value: object) -> bool:
+    """Draft 2020-12's `time` (RFC 3339 full-time, offset required). NOTE: a plain
+    FormatChecker, the paper's, checks `time` as Draft 3 did (`%H:%M:%S` exactly), so there
+    every RFC 3339 time fails and an offset-less one, invalid under 2020-12, passes; no string
+    satisfies both (and jsonschema's own 2020-12 check needs the absent rfc3339-validator)."""
+    return not isinstance(value, str) or _FULL_TIME.fullmatch(value) is not None
 
 
 FORMAT_CHECKER = format_checker()
@@ -313,3 +329,25 @@ def markdown_table(result: dict[str, Any], backend: str) -> str:
             f"| {xgr} | {best} | {causes} |"
         )
     return "\n".join(lines)
+
+
+def rescore(result: dict[str, Any], schemas: dict[str, dict[str, Any]]) -> int:
+    """Judges again, in place, every record of a saved run whose output was judged and is kept
+    whole (`text` under the 2,000 characters a record keeps), against `schemas` by
+    "sub/file"; recomputes `summary`. Returns how many statuses changed."""
+    changed = 0
+    for r in result["records"]:
+        text = r.get("text")
+        if r.get("status") not in ("valid", "violation", "invalid_json") or text is None:
+            continue
+        if len(text) >= 2000:  # cut when it was saved: its verdict stands
+            continue
+        verdict = judge(text, schemas[f"{r['sub']}/{r['schema']}"])
+        changed += verdict.status != r["status"]
+        r["status"], r["reason"] = verdict.status, verdict.reason
+    for backend, cells in result["summary"].items():
+        for sub in cells:
+            cells[sub] = coverage(
+                [r for r in result["records"] if r["backend"] == backend and r["sub"] == sub]
+            )
+    return changed

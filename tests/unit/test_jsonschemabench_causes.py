@@ -31,3 +31,22 @@ def test_each_miss_is_put_on_what_caused_it() -> None:
         "benchmark: prompt over the context",
     ]
     assert sum(miss_causes(records).values()) == len(records) - 1
+
+
+def test_rescore_judges_whole_outputs_again_and_keeps_cut_ones() -> None:
+    from bench.jsonschemabench_eval import rescore
+
+    schema = {"type": "object", "properties": {"t": {"type": "string", "format": "time"}}}
+    record = {"sub": "S", "schema": "a.json", "backend": "auto", "declared": True}
+    result = {
+        "records": [
+            {**record, "status": "violation", "text": '{"t": "20:00:00Z"}'},
+            {**record, "schema": "b.json", "status": "violation", "text": "x" * 2000},
+            {**record, "schema": "c.json", "status": "refused", "text": None},
+        ],
+        "summary": {"auto": {"S": {}}},
+    }
+    schemas = {f"S/{n}": schema for n in ("a.json", "b.json", "c.json")}
+    assert rescore(result, schemas) == 1
+    assert [r["status"] for r in result["records"]] == ["valid", "violation", "refused"]
+    assert result["summary"]["auto"]["S"]["empirical"] == 1 / 3
