@@ -45,6 +45,8 @@ from bench.jsonschemabench_eval import (
     coverage_table,
     group_refusals,
     judge,
+    markdown_table,
+    rescore,
 )
 
 DATA = Path(__file__).parent / "data" / "jsonschemabench"
@@ -321,6 +323,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile-timeout", type=float, default=10.0, help="seconds (the paper's)")
     p.add_argument("--model-path", help="default: the embedded SmolLM2")
     p.add_argument("--out", default="jsonschemabench_results.json")
+    p.add_argument("--rescore", help="judge a saved run's outputs again (no model), into --out")
     args = p.parse_args(argv)
     for name, known in (("sub_datasets", SUB_DATASETS), ("backends", BACKENDS)):
         values = [v for v in getattr(args, name).split(",") if v]
@@ -373,8 +376,26 @@ def run_backend(backend: str, items: list[Item], args: argparse.Namespace) -> li
     return records
 
 
+def rescore_file(path: str, out: str) -> dict[str, Any]:
+    """`--rescore`: a saved run judged again with this module's judge, its tables printed."""
+    result = json.loads(Path(path).read_text())
+    schemas = {
+        f"{r['sub']}/{r['schema']}": json.loads((DATA / r["sub"] / r["schema"]).read_text())
+        for r in result["records"]
+    }
+    changed = rescore(result, schemas)
+    result["environment"]["formats_checked"] = checked_formats()
+    print(f"{changed} verdicts changed")
+    for backend in result["summary"]:
+        print(f"\n{backend}, for docs/constraints.md:\n" + markdown_table(result, backend))
+    Path(out).write_text(json.dumps(result, indent=1))
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.rescore:
+        return rescore_file(args.rescore, args.out)
     items = load_items(args.sub_datasets, args.limit)
     print(
         f"JSONSchemaBench sample: {len(items)} schemas from {len(args.sub_datasets)} "
@@ -429,6 +450,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "refusals": refusals,
         "records": records,
     }
+    if not args.no_model:
+        for backend in args.backends:
+            print(f"\n{backend}, for docs/constraints.md:\n" + markdown_table(result, backend))
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"\nwrote {args.out}")
     return result

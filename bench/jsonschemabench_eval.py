@@ -54,8 +54,9 @@ STATUSES = (
 
 def format_checker() -> FormatChecker:
     """jsonschema's default format checker with ipv4, ipv6 and uuid checked by the standard
-    library, as the paper's evaluation registers them. Which other formats are checked depends
-    on the optional packages installed (see `checked_formats`).
+    library, as the paper's evaluation registers them, and `time` checked as Draft 2020-12
+    defines it (`_is_rfc3339_time`). Which other formats are checked depends on the optional
+    packages installed (see `checked_formats`).
 
     NOTE: the paper's three checkers return None, which jsonschema reads as "not this format",
     so there every string under those formats fails, valid or not; here a valid one passes.
@@ -70,7 +71,22 @@ def format_checker() -> FormatChecker:
             return True
 
         checker.checks(name, raises=ValueError)(check)
+    checker.checks("time")(_is_rfc3339_time)
     return checker
+
+
+# RFC 3339's full-time (Draft 2020-12's `time`): a time of day with a fraction and an offset
+_FULL_TIME = re.compile(
+    r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+)
+
+
+def _is_rfc3339_time(value: object) -> bool:
+    """Draft 2020-12's `time` (RFC 3339 full-time, offset required). NOTE: a plain
+    FormatChecker, the paper's, checks `time` as Draft 3 did (`%H:%M:%S` exactly), so there
+    every RFC 3339 time fails and an offset-less one, invalid under 2020-12, passes; no string
+    satisfies both (and jsonschema's own 2020-12 check needs the absent rfc3339-validator)."""
+    return not isinstance(value, str) or _FULL_TIME.fullmatch(value) is not None
 
 
 FORMAT_CHECKER = format_checker()
@@ -255,3 +271,83 @@ def compile_table(times: dict[str, dict[str, Any]]) -> str:
             f"{t['accepted_with_notes']:>7}  {chosen}"
         )
     return "\n".join(lines)
+
+
+# --- why an output scored 0 ------------------------------------------------------------------
+CUT = "output is cut after"  # the grammar backends' budget_cut violation (grammar_guide.py)
+
+
+def miss_cause(record: dict[str, Any]) -> str | None:
+    """Why one scored record is not valid, None when it is: "engine: ..." for what the engine
+    refused or broke, "budget: ..." for an output the closer could not finish within
+    max_new_tokens, "benchmark: ..." for a schema or prompt the run cannot take, and
+    "BUG: ..." for an output the engine passed as valid that the judge fails (a compliance
+    bug: there must be none)."""
+    status = record.get("status")
+    if status in (None, "valid"):
+        return None
+    if status == "refused":
+        keyword = refusal_keyword(record.get("reason") or record.get("refusal") or "")
+        return "engine: compile timeout" if keyword == "(compile timeout)" else "engine: refused"
+    if status == "prompt_too_long":
+        return "benchmark: prompt over the context"
+    if status == "schema_invalid":
+        return "benchmark: schema fails Draft 2020-12"
+    if status == "error":
+        return "engine: error"
+    reported = record.get("engine_violation")
+    if reported is None:
+        return "BUG: passed as valid"
+    if reported.startswith(CUT):
+        return "budget: cut at max_new_tokens"
+    return "engine: violation reported"
+
+
+def miss_causes(records: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How many of `records` missed for each `miss_cause`, largest first."""
+    counts = Counter(c for r in records if (c := miss_cause(r)) is not None)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def markdown_table(result: dict[str, Any], backend: str) -> str:
+    """One backend's figures per sub-dataset beside Table 4 (XGrammar's and the best
+    framework's empirical coverage), with every miss counted by `miss_cause`, as markdown."""
+    lines = [
+        "| sub-dataset | n | declared | empirical | compliance | paper: XGrammar | paper: best "
+        "| misses by cause |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for sub, cell in result["summary"][backend].items():
+        records = [r for r in result["records"] if r["backend"] == backend and r["sub"] == sub]
+        paper = PAPER_TABLE4.get(sub)
+        xgr = "–" if paper is None else ("NA" if paper["xgrammar"] is None else paper["xgrammar"])
+        best = "–" if paper is None else f"{paper['best']} ({paper['best_by']})"
+        causes = "; ".join(f"{k} {v}" for k, v in miss_causes(records).items()) or "none"
+        lines.append(
+            f"| {sub} | {cell['n']} | {_f(cell['declared']).strip()} "
+            f"| {_f(cell.get('empirical')).strip()} | {_f(cell.get('compliance')).strip()} "
+            f"| {xgr} | {best} | {causes} |"
+        )
+    return "\n".join(lines)
+
+
+def rescore(result: dict[str, Any], schemas: dict[str, dict[str, Any]]) -> int:
+    """Judges again, in place, every record of a saved run whose output was judged and is kept
+    whole (`text` under the 2,000 characters a record keeps), against `schemas` by
+    "sub/file"; recomputes `summary`. Returns how many statuses changed."""
+    changed = 0
+    for r in result["records"]:
+        text = r.get("text")
+        if r.get("status") not in ("valid", "violation", "invalid_json") or text is None:
+            continue
+        if len(text) >= 2000:  # cut when it was saved: its verdict stands
+            continue
+        verdict = judge(text, schemas[f"{r['sub']}/{r['schema']}"])
+        changed += verdict.status != r["status"]
+        r["status"], r["reason"] = verdict.status, verdict.reason
+    for backend, cells in result["summary"].items():
+        for sub in cells:
+            cells[sub] = coverage(
+                [r for r in result["records"] if r["backend"] == backend and r["sub"] == sub]
+            )
+    return changed

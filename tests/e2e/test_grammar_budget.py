@@ -261,3 +261,24 @@ def test_a_number_the_grammar_lets_grow_forever_is_still_closed_by_the_budget(ba
             )
             assert len(ids) <= budget and re.fullmatch(POPULATION, text), (budget, text)
             assert guide.meta_info(text)["constraint_violation"] is None
+
+
+@pytest.mark.parametrize("backend", GRAMMAR_BACKENDS)
+def test_the_closer_looks_for_a_number_ending_once_a_step(backend: str, monkeypatch):
+    # where the grammar allows no digit (here a boolean), each of the ten digit spellings used
+    # to repeat the same look for a line break ending the number: the walks on large schemas
+    # spent most of their time there (bench.constrained_overhead at batch 16)
+    from sgl_lite.backend.constrained.matchers import closer
+
+    schema = {
+        "type": "object",
+        "properties": {f"flag{i}": {"type": "boolean"} for i in range(4)},
+        "required": [f"flag{i}" for i in range(4)],
+    }
+    grammar = compiler(backend).compile("json_schema", schema)
+    looks = []
+    original = closer._ending_break
+    monkeypatch.setattr(closer, "_ending_break", lambda m, r: looks.append(1) or original(m, r))
+    path = closing_path(grammar.new_guide()._closing_copy(), grammar.ranked, 256)
+    assert path is not None and valid_json(schema, smollm2_tokenizer().decode(path))
+    assert 0 < len(looks) <= len(path), (len(looks), len(path))

@@ -85,6 +85,9 @@ def test_formats_are_checked_and_valid_addresses_pass() -> None:
         ("ipv4", "10.0.0.1", "10.0.0.300"),
         ("ipv6", "::1", "::g"),
         ("uuid", "12345678-1234-5678-1234-567812345678", "1234"),
+        # Draft 2020-12's time is RFC 3339's full-time: the offset is required (a plain
+        # FormatChecker applies Draft 3's HH:MM:SS and fails every RFC 3339 time)
+        ("time", "20:00:00.000000-01:00", "20:00:00"),
     ):
         schema = {"type": "string", "format": fmt}
         assert judge(json.dumps(good), schema).ok, fmt

@@ -116,12 +116,16 @@ def _step(matcher: ClosingMatcher, ranked: Ranked, forced: bytes) -> int | None:
             token = _choice(ranked, forced, prefix + tail)
             if token is not None and _closes(matcher, token, ranked.quote):
                 return token
+    looked = False  # whether `ending` was looked for: it reads only the state, so once a step
+    ending: int | None = None
     for tail in _RANKED:
         for prefix in prefixes:
             token = _choice(ranked, forced, prefix + tail)
             if token is None:
                 continue
-            if tail in _DIGITS and (ending := _ending_break(matcher, ranked)) is not None:
+            if tail in _DIGITS and not looked:
+                looked, ending = True, _ending_break(matcher, ranked)
+            if tail in _DIGITS and ending is not None:
                 return ending
             if matcher.try_consume(token):
                 return token
