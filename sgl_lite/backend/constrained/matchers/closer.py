@@ -116,7 +116,9 @@ def _step(matcher: ClosingMatcher, ranked: Ranked, forced: bytes) -> int | None:
             token = _choice(ranked, forced, prefix + tail)
             if token is not None and _closes(matcher, token, ranked.quote):
                 return token
-    looked = False  # whether `ending` was looked for: it reads only the state, so once a step
+    # The line break that would end a number depends only on the state: looked for once a
+    # step, at the first digit spelling, not once per digit.
+    looked = False
     ending: int | None = None
     for tail in _RANKED:
         for prefix in prefixes:
