@@ -7,7 +7,7 @@ import torch
 
 from sgl_lite.backend.sampling_params import SamplingParams
 from sgl_lite.backend.scheduler.logprobs import LogprobState
-from sgl_lite.backend.scheduler.sampler import Sampler
+from sgl_lite.backend.scheduler.sampler import Sampler, _nucleus
 from sgl_lite.backend.types import ForwardOutput, Req, ScheduleBatch, Segment
 
 V = 16
@@ -48,6 +48,45 @@ def test_seeded_draws_repeat_and_leave_the_global_rng_alone():
     b = [again.sample_rows(logits, [req(temperature=1.0)])[0][0] for _ in range(20)]
     assert a == b  # the sampler's own generator, seeded from the config
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_rows_drawn_together_keep_each_requests_own_filters_and_seed():
+    """One batched draw for the unseeded rows: each row still samples only from its own
+    top-k / top-p / min-p set, and a seeded request draws the same token alone or batched."""
+    logits = torch.arange(V, dtype=torch.float32).repeat(5, 1)  # token V-1 the likeliest
+    filters = [
+        dict(temperature=1.0, top_k=2),  # {V-1, V-2}
+        dict(temperature=1.0, top_p=1e-3),  # the likeliest alone
+        dict(temperature=1.0, min_p=0.3),  # p >= 0.3 * max: e^-1 = 0.37 keeps V-1, V-2
+        dict(temperature=0.0),  # greedy beside them
+    ]
+    allowed = [{V - 1, V - 2}, {V - 1}, {V - 1, V - 2}, {V - 1}]
+    sampler = Sampler({EOS}, V, seed=3)
+    for _ in range(30):
+        seeded = req(temperature=1.0)
+        seeded.generator = torch.Generator().manual_seed(11)
+        batch = [req(**f) for f in filters] + [seeded]
+        tokens, _ = sampler.sample_rows(logits, batch)
+        for token, ok in zip(tokens, allowed):
+            assert token in ok
+        alone = req(temperature=1.0)
+        alone.generator = torch.Generator().manual_seed(11)
+        assert sampler.sample_rows(logits[:1], [alone])[0] == [tokens[-1]]
+
+
+def test_the_nucleus_from_the_top_candidates_equals_the_one_from_a_full_sort():
+    """Peaked rows (the nucleus within the candidates) and flat ones (past them, sorted
+    whole) in one batch give the same kept set and mass as sorting every row."""
+    torch.manual_seed(0)
+    probs = torch.cat([torch.randn(3, 4096) * 8, torch.randn(3, 4096)]).softmax(-1)
+    top_p = torch.tensor([0.5, 0.9, 0.99, 0.5, 0.9, 0.99])
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    sorted_probs[sorted_probs.cumsum(-1) - sorted_probs > top_p[:, None]] = 0
+    want = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+    for rows in (slice(0, 3), slice(0, 6)):  # the candidates alone; with rows sorted whole
+        got = _nucleus(probs[rows], top_p[rows])
+        assert torch.equal(got > 0, want[rows] > 0)
+        assert torch.allclose(got, want[rows])
 
 
 def test_top_k_one_is_greedy_whatever_the_temperature():

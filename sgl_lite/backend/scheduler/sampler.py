@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 # greedy_argmax: chunk width, and the batch size (rows x vocab) from which chunking wins
 ARGMAX_CHUNK = 256
 ARGMAX_FAST_MIN = 1 << 17
+# top-p: the likeliest tokens looked at first (the whole row is sorted only if they fall short)
+NUCLEUS_CANDIDATES = 256
 
 
 class Sampler:
@@ -109,9 +111,9 @@ class Sampler:
                 logits[row] = 0.0
         greedy = [r.sampling_params.is_greedy for r in reqs]
         tokens = greedy_argmax(logits) if any(greedy) else torch.zeros(len(reqs), dtype=torch.long)
-        for i, req in enumerate(reqs):
-            if not greedy[i]:
-                tokens[i] = self._draw(logits[i], req)
+        drawn = [i for i, g in enumerate(greedy) if not g]
+        if drawn:
+            tokens[drawn] = self._draw_rows(logits, [reqs[i] for i in drawn], drawn)
         if raw is None:
             return tokens.tolist(), None
         k = max(r.logprobs.top_k for r in reqs if r.logprobs is not None)
@@ -191,23 +193,64 @@ class Sampler:
     def _blocks_stop(req: Req) -> bool:
         return len(req.output_ids) < req.sampling_params.min_new_tokens
 
-    def _draw(self, row: torch.Tensor, req: Req) -> int:
-        params = req.sampling_params
-        row = row / max(params.temperature, 1e-5)
-        if params.top_k > 0 and params.top_k < row.shape[-1]:
-            kth = torch.topk(row, params.top_k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        if params.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            # Keep the smallest set whose mass reaches top_p (the first token always stays).
-            drop = sorted_probs.cumsum(-1) - sorted_probs > params.top_p
-            sorted_probs[drop] = 0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        if params.min_p > 0:
-            probs[probs < params.min_p * probs.max()] = 0
-        generator = req.generator if req.generator is not None else self.generator
-        return int(torch.multinomial(probs, 1, generator=generator).item())
+    def _draw_rows(self, logits: torch.Tensor, reqs: list[Req], rows: list[int]) -> torch.Tensor:
+        """One drawn token for each of `rows` of `logits` (`reqs` in the same order).
+
+        The rows on the sampler's generator are drawn together: one temperature divide,
+        softmax and multinomial over (R, V), not four ops per row (a 16-row step drew for
+        30-180 ms row by row on a loaded 2-core machine). A request with its own seed draws
+        alone from its own generator, so its tokens do not depend on its batch.
+        """
+        tokens = torch.zeros(len(rows), dtype=torch.long)
+        shared = [j for j, r in enumerate(reqs) if r.generator is None]
+        for j, req in enumerate(reqs):
+            if req.generator is not None:
+                probs = self._probs(logits[rows[j]][None], [req])
+                tokens[j] = torch.multinomial(probs, 1, generator=req.generator)[0, 0]
+        if shared:
+            probs = self._probs(logits[[rows[j] for j in shared]], [reqs[j] for j in shared])
+            tokens[shared] = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+        return tokens
+
+    @staticmethod
+    def _probs(logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+        """(R, V) sampling distributions: temperature, then top-k, top-p and min-p per row."""
+        params = [r.sampling_params for r in reqs]
+        temps = torch.tensor([max(p.temperature, 1e-5) for p in params], dtype=logits.dtype)
+        x = logits / temps[:, None]
+        vocab = x.shape[-1]
+        for j, p in enumerate(params):
+            if 0 < p.top_k < vocab:
+                kth = torch.topk(x[j], p.top_k).values[-1]
+                x[j].masked_fill_(x[j] < kth, float("-inf"))
+        probs = torch.softmax(x, dim=-1)
+        nucleus = [j for j, p in enumerate(params) if p.top_p < 1.0]
+        if nucleus:
+            top_p = torch.tensor([params[j].top_p for j in nucleus], dtype=probs.dtype)
+            probs[nucleus] = _nucleus(probs[nucleus], top_p)
+        min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype)
+        if bool((min_p > 0).any()):
+            floor = min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+            probs = probs.masked_fill(probs < floor, 0.0)  # a row with min_p 0 keeps all
+        return probs
+
+
+def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Each row of `probs` (R, V) cut to its top-p nucleus: the smallest set of its likeliest
+    tokens whose mass reaches top_p (the first token always stays), the rest zeroed.
+
+    Sorting a 49k vocabulary costs ~5 ms a row; the nucleus nearly always lies within the
+    NUCLEUS_CANDIDATES likeliest tokens, which `topk` finds far faster. Where their mass is
+    over top_p the answer is exact from them alone (every token past them has more than top_p
+    before it); the other rows are sorted whole.
+    """
+    k = min(NUCLEUS_CANDIDATES, probs.shape[-1])
+    values, order = probs.topk(k, dim=-1)  # sorted, likeliest first
+    within = values.sum(-1) > top_p
+    if not bool(within.all()):  # those rows' nucleus reaches past the candidates
+        values, order = probs.sort(dim=-1, descending=True)
+    values = values.masked_fill(values.cumsum(-1) - values > top_p[:, None], 0.0)
+    return torch.zeros_like(probs).scatter_(1, order, values)
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
