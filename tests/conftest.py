@@ -7,6 +7,9 @@ nothing reads a SmolLM2 file. cuda tests are skipped without a CUDA device.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import os
 from pathlib import Path
 
@@ -60,6 +63,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(getattr(pytest.mark, tier))
         if tier == "cuda" and not torch.cuda.is_available():
             item.add_marker(skip_cuda)
+
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _return_freed_memory():
+    """After each module, the memory its engines freed goes back to the system.
+
+    glibc keeps freed heap memory for reuse (and raises its mmap threshold after large frees),
+    so each module's engines left ~0.8 GB resident after they were gone: one suite process
+    reached 15 GB a third of the way through. `malloc_trim` hands it back (measured: a shut
+    down engine's 1.0-1.3 GB resident fell to 0.4 GB).
+    """
+    yield
+    gc.collect()
+    trim = getattr(_LIBC, "malloc_trim", None)  # glibc only
+    if trim is not None:
+        trim(0)
 
 
 # --- the embedded SmolLM2 (tokenizer, e2e) -----------------------------------------------------
