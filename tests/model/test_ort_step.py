@@ -36,6 +36,14 @@ def _runner_on_codes():
     return runner, step
 
 
+def _start_path(runner, step, snapshot, path):
+    """The pool as it was after prefill, fresh decode copies, and the step `path` names."""
+    runner.pool.k.copy_(snapshot[0])
+    runner.pool.v.copy_(snapshot[1])
+    runner.decode_kv = DecodeKV(runner.pool, torch.float32)
+    runner.decode_step = step if path == "ort" else None
+
+
 def _decode_segments(seqs, lengths, step_no, active):
     segments = []
     for i in active:
@@ -59,10 +67,7 @@ def test_ort_step_matches_the_torch_step_over_ragged_batches_that_shrink():
     snapshot = (runner.pool.k.clone(), runner.pool.v.clone())
     runs = {}
     for path in ("torch", "ort"):
-        runner.pool.k.copy_(snapshot[0])
-        runner.pool.v.copy_(snapshot[1])
-        runner.decode_kv = DecodeKV(runner.pool, torch.float32)
-        runner.decode_step = step if path == "ort" else None
+        _start_path(runner, step, snapshot, path)
         lengths = [len(ids) - 1 for ids, _ in grown]
         logits, written = [], []
         for step_no in range(10):
@@ -95,10 +100,7 @@ def test_one_requests_tokens_in_a_row_match_the_torch_step_and_keep_its_copies()
     passes = [(1, 0), (3, 0), (1, 0), (5, 4), (1, 0), (2, 2), (1, 0)]
     runs = {}
     for path in ("torch", "ort"):
-        runner.pool.k.copy_(snapshot[0])
-        runner.pool.v.copy_(snapshot[1])
-        runner.decode_kv = DecodeKV(runner.pool, torch.float32)
-        runner.decode_step = step if path == "ort" else None
+        _start_path(runner, step, snapshot, path)
         start, logits, written, fresh = len(ids) - 1, [], [], []
         plan = runner.decode_kv.plan
 
