@@ -75,13 +75,15 @@ def test_top_n_return_documents_and_vllms_shape_agree(url):
     top = rerank(url, query=query, documents=documents, top_n=1, return_documents=False).json()
     assert len(top) == 1 and "document" not in top[0]
     assert top[0]["index"] == full[0]["index"]
-    assert top[0]["score"] == pytest.approx(full[0]["score"], rel=1e-6)
+    # The same scores: a later request is served partly from the cache, so its pass shapes
+    # differ and float32 sums may differ in their last bits (identity is for greedy tokens).
+    assert top[0]["score"] == pytest.approx(full[0]["score"], rel=1e-4, abs=1e-6)
     v2 = rerank(url, "/v2/rerank", query=query, documents=documents)
     assert v2.status_code == 200, v2.text
     results = v2.json()["results"]
     assert [r["index"] for r in results] == [item["index"] for item in full]
     assert [r["relevance_score"] for r in results] == pytest.approx(
-        [item["score"] for item in full], rel=1e-6
+        [item["score"] for item in full], rel=1e-4, abs=1e-6
     )
     assert v2.json()["usage"]["prompt_tokens"] == sum(
         item["meta_info"]["prompt_tokens"] for item in full
