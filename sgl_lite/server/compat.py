@@ -246,6 +246,12 @@ def completion_body(data: dict[str, Any], implemented: set[str]) -> dict[str, An
     return {k: v for k, v in data.items() if k in implemented}
 
 
+def refuse_unknown(data: dict[str, Any], known: set[str] | frozenset[str]) -> None:
+    """A 400 naming the first field of `data` outside `known` (bodies whose fields are all
+    implemented, with no no-ops or refusals of their own: /v1/rerank)."""
+    _refuse(data, {}, known, "")
+
+
 def _refuse(
     data: dict[str, Any],
     refused: dict[str, tuple[tuple[Any, ...], str]],

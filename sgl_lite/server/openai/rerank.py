@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, StrictBool, StrictInt, StrictStr
 
 from sgl_lite.server.bridge import EngineBridge
+from sgl_lite.server.compat import refuse_unknown
 from sgl_lite.server.openai.completions import model_checker
 from sgl_lite.server.openai.score import label_logprobs, sglang_error
 from sgl_lite.server.protocol import ApiError, JsonResponse, _Wire, parse, read_json
@@ -106,13 +107,7 @@ def add_rerank_routes(
 
     async def rank(request: Request, *, zero_means_all: bool) -> tuple[RerankRequest, list[Ranked]]:
         data = await read_json(request, max_body_bytes)
-        unknown = sorted(set(data) - _FIELDS)
-        if unknown:
-            raise ApiError(
-                400,
-                f"unknown field {unknown[0]}; this server does not silently ignore fields",
-                param=unknown[0],
-            )
+        refuse_unknown(data, _FIELDS)
         req = parse(RerankRequest, data)
         check_model(req.model)
         check_request(req, zero_means_all=zero_means_all)
