@@ -114,7 +114,16 @@ def prepare_weights(
 def _wants_codes(model: LlamaForCausalLM, fmt: WeightFormat) -> bool:
     """Whether the fast mode will read the fused linears' exact codes: torch's int4 packing
     does, and so does the onnxruntime step where it can run."""
-    return fmt.int_kind == "int4" or not (ort_nbits.available() or unsupported(model))
+    return fmt.int_kind == "int4" or _ort_step_blocker(model) is None
+
+
+def _ort_step_blocker(model: LlamaForCausalLM) -> str | None:
+    """Why the onnxruntime decode step will not be built for `model`, or None if it will be
+    tried: onnxruntime missing or failing its probe, a block it cannot express, or the A/B
+    switch."""
+    if os.environ.get(DISABLE_ORT_STEP_ENV) == "1":
+        return f"{DISABLE_ORT_STEP_ENV}=1"
+    return ort_nbits.available() or unsupported(model)
 
 
 def _decode_step(
@@ -126,9 +135,7 @@ def _decode_step(
 ) -> tuple[OrtDecodeStep | None, str]:
     """The fast mode's whole decode step on onnxruntime, or None and why not (logged);
     `codes` are `exact_codes`' answer where the caller has it."""
-    why = ort_nbits.available() or unsupported(model)
-    if os.environ.get(DISABLE_ORT_STEP_ENV) == "1":
-        why = f"{DISABLE_ORT_STEP_ENV}=1"
+    why = _ort_step_blocker(model)
     step = None
     if not why:
         try:
