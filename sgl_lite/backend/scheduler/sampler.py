@@ -242,15 +242,28 @@ def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     Sorting a 49k vocabulary costs ~5 ms a row; the nucleus nearly always lies within the
     NUCLEUS_CANDIDATES likeliest tokens, which `topk` finds far faster. Where their mass is
     over top_p the answer is exact from them alone (every token past them has more than top_p
-    before it); the other rows are sorted whole.
+    before it); only the other rows are sorted whole.
     """
     k = min(NUCLEUS_CANDIDATES, probs.shape[-1])
     values, order = probs.topk(k, dim=-1)  # sorted, likeliest first
-    within = values.sum(-1) > top_p
-    if not bool(within.all()):  # those rows' nucleus reaches past the candidates
-        values, order = probs.sort(dim=-1, descending=True)
-    values = values.masked_fill(values.cumsum(-1) - values > top_p[:, None], 0.0)
-    return torch.zeros_like(probs).scatter_(1, order, values)
+    out = torch.zeros_like(probs)
+    short = values.sum(-1) <= top_p  # these rows' nucleus reaches past the candidates
+    if bool(short.any()):
+        whole, whole_order = probs[short].sort(dim=-1, descending=True)
+        out[short] = _keep_nucleus(whole, whole_order, top_p[short], probs.shape[-1])
+    fits = ~short
+    if bool(fits.any()):
+        out[fits] = _keep_nucleus(values[fits], order[fits], top_p[fits], probs.shape[-1])
+    return out
+
+
+def _keep_nucleus(
+    values: torch.Tensor, order: torch.Tensor, top_p: torch.Tensor, vocab: int
+) -> torch.Tensor:
+    """(R, vocab) probabilities: each row's likeliest `values` (R, n, descending; token ids
+    `order`) up to its top-p nucleus, zero elsewhere."""
+    kept = values.masked_fill(values.cumsum(-1) - values > top_p[:, None], 0.0)
+    return torch.zeros(len(values), vocab, dtype=values.dtype).scatter_(1, order, kept)
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
