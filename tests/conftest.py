@@ -75,13 +75,27 @@ def _return_freed_memory():
     glibc keeps freed heap memory for reuse (and raises its mmap threshold after large frees),
     so each module's engines left ~0.8 GB resident after they were gone: one suite process
     reached 15 GB a third of the way through. `malloc_trim` hands it back (measured: a shut
-    down engine's 1.0-1.3 GB resident fell to 0.4 GB).
+    down engine's 1.0-1.3 GB resident fell to 0.4 GB). Only past TRIM_ABOVE_BYTES resident:
+    the collect and trim cost ~0.4 s a module, which the fast tier's ~100 engine-free modules
+    would pay for nothing.
     """
     yield
-    gc.collect()
     trim = getattr(_LIBC, "malloc_trim", None)  # glibc only
-    if trim is not None:
+    if trim is not None and _resident_bytes() > TRIM_ABOVE_BYTES:
+        gc.collect()
         trim(0)
+
+
+TRIM_ABOVE_BYTES = 2 << 30
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 # --- the embedded SmolLM2 (tokenizer, e2e) -----------------------------------------------------
