@@ -278,6 +278,7 @@ class VllmPeer:
         kept (each workload then reports it), not raised: the bench's set-up goes on."""
         with contextlib.suppress(Skipped):
             self.generate([[1, 2, 3]], 2)
+            self.score([[1, 2, 3]], [1])  # and the prompt-logprob path W2 takes
 
     def w1(self, wl: Workloads) -> dict[str, Any]:
         """Each turn's conversations in one call (as sgl_lite submits them); cache hits from
