@@ -62,7 +62,10 @@ HOW = """\
   prefills the W2 few-shot prefix once, copying it per question (`bench/hf_baselines.py`).
   llama-cpp-python runs the same GGUF file (`make bench-peers` builds it); vLLM's CPU build
   runs the same weights as the float32 folder sgl_lite converts the GGUF to, in a venv of its
-  own (`.venv-vllm`, `make bench-vllm`) and a process of its own (`bench/vllm_peer.py`).
+  own (`.venv-vllm`, `make bench-vllm`) and a process of its own (`bench/vllm_peer.py`). Its
+  W2 scores every choice from the prompt logprobs of the choice's whole prompt, all in one
+  `LLM.generate`, once as vLLM does by default (no prefix-cache reads for a request asking for
+  prompt logprobs) and once with cache reads on; the faster is its figure, the note says both.
 - Correctness is checked on the way: W1 answers against HF-alone's turn by turn on identical
   prompts, W2 decisions against HF-alone's, W3 outputs against the schema (`jsonschema`).
 - The workloads are fixed texts (`bench/workloads.py`): W1 multi-turn chat, W2 few-shot select,
@@ -207,6 +210,7 @@ def _notes(w: str, block: dict) -> list[str]:
             notes.append(f"{name} skipped: {figs['skipped']}")
         if w == "W4" and "weights" in figs:
             notes.append(f"{name} weights: {figs['weights']}")
+        notes += report.figure_notes(name, figs)
         diffs = figs.get("disagreements") or []
         if diffs:
             first = diffs[0]

@@ -25,7 +25,7 @@ REQUIRED_ENV = (
 )
 WORKLOAD_SYSTEMS = {
     "W1": ("sgl_lite", "hf_alone", "hf_manual_cache", "llama_cpp", "vllm"),
-    "W2": ("sgl_lite", "hf_alone", "hf_manual_cache", "llama_cpp"),
+    "W2": ("sgl_lite", "hf_alone", "hf_manual_cache", "llama_cpp", "vllm"),
     "W3": ("sgl_lite", "hf_alone", "outlines", "llama_cpp", "vllm"),
     "W4": (
         "sgl_lite",
@@ -81,6 +81,9 @@ def _why(results: dict, w: str, *systems: str) -> str:
             return f"n/a: {w} {s} skipped (reason above)"
     if _get(results, "workloads", w) is None:
         return f"n/a: {w} not run"
+    for s in systems:
+        if _get(results, "workloads", w, "systems", s) is None:
+            return f"n/a: {w} {s} not measured"
     return "n/a"
 
 
@@ -115,17 +118,11 @@ def evaluate_targets(r: dict) -> list[Target]:
             "sgl_lite",
         )
     )
-    for w in ("W1", "W2", "W3"):
-        v = _ratio(r, w, "llama_cpp", "sgl_lite")
-        out.append(
-            _mark(
-                f"{w} wall, llama-cpp-python / sgl_lite",
-                ">= 1.5x",
-                v,
-                v and v >= 1.5,
-                _why(r, w, "llama_cpp", "sgl_lite"),
+    for peer, label in (("llama_cpp", "llama-cpp-python"), ("vllm", "vLLM CPU")):
+        for w in ("W1", "W2", "W3"):
+            out.append(
+                _at_least(r, f"{w} wall, {label} / sgl_lite", ">= 1.5x", 1.5, w, peer, "sgl_lite")
             )
-        )
     sub = _get(r, "workloads", "W1", "systems", "sgl_lite", "prompt_tokens_submitted")
     comp = _get(r, "workloads", "W1", "systems", "sgl_lite", "prompt_tokens_computed")
     v = comp / sub if sub else None
@@ -308,6 +305,11 @@ WORKLOAD_COLUMNS = {
 }
 
 
+def figure_notes(name: str, figs: dict) -> list[str]:
+    """A system's own notes on its figures (keys ending in `_note`), one line each."""
+    return [f"{name}: {v}" for k, v in figs.items() if k.endswith("_note") and v]
+
+
 def print_report(results: dict) -> None:
     env = results["env"]
     print("\n# sgl_lite benchmark")
@@ -333,6 +335,7 @@ def print_report(results: dict) -> None:
         for name, figs in block["systems"].items():
             if w == "W4" and "weights" in figs:
                 notes.append(f"{name} weights: {figs['weights']}")
+            notes += figure_notes(name, figs)
             for d in figs.get("disagreements") or []:
                 notes.append(
                     f"{name} differs from hf_alone: conversation {d['conversation']} "

@@ -23,11 +23,14 @@ from typing import IO, Any
 
 from bench.common import (
     ChatRun,
+    SelectItem,
     Skipped,
+    decide,
     eos_ids,
     json_figures,
     json_prompt_ids,
     raw_ids,
+    select_items,
     strip_eos,
 )
 from bench.workloads import Workloads
@@ -123,8 +126,47 @@ def cache_figures(prompts: list[list[int]], outputs: list[dict]) -> tuple[int, i
     return submitted, submitted - cached
 
 
+def choice_scores(items: list[SelectItem], outputs: list[dict]) -> list[list[list[float]]]:
+    """The worker's flat "score" outputs (every item's choices in order) regrouped as
+    scores[item][choice] = the choice tokens' logprobs, what `decide` takes."""
+    sizes = [len(it.choices) for it in items]
+    if len(outputs) != sum(sizes):
+        raise RuntimeError(f"vllm scored {len(outputs)} prompts, {sum(sizes)} were sent")
+    scores, at = [], 0
+    for item, n in zip(items, sizes):
+        group = [list(map(float, o["logprobs"])) for o in outputs[at : at + n]]
+        for choice, logprobs in zip(item.choices, group):
+            if len(logprobs) != len(choice.ids) - choice.start:
+                raise RuntimeError(
+                    f"vllm returned {len(logprobs)} logprobs for a "
+                    f"{len(choice.ids) - choice.start}-token choice"
+                )
+        scores.append(group)
+        at += n
+    return scores
+
+
+# The two ways W2 asks vLLM for prompt logprobs: its default, and prefix-cache reads on.
+W2_MODES = {"no_cache_reads": False, "cache_reads": True}
+
+
+def w2_cache_note(runs: dict[str, dict[str, Any]], chosen: str) -> str:
+    """What vLLM's prefix cache did for W2's prompt-logprob requests, for the report."""
+    parts = [
+        f"{mode} {run['wall_s']:.3g} s, {run['computed']} of {run['submitted']} prompt "
+        f"tokens computed" + (f", {run['rescored']} rescored" if run.get("rescored") else "")
+        for mode, run in runs.items()
+    ]
+    return (
+        "vLLM 0.32 reads no prefix cache for a request asking for prompt_logprobs (its "
+        "SamplingParams.skip_reading_prefix_cache defaults to True then); with it set to False "
+        "the logprobs past the cache hit are fresh, a choice the hit reaches is rescored "
+        f"without reads. {'; '.join(parts)}; the figure is the faster ({chosen})"
+    )
+
+
 class VllmPeer:
-    """vLLM (CPU build) in its own venv's Python; W1, W3 and W4 go to it as JSON requests."""
+    """vLLM (CPU build) in its own venv's Python; W1-W4 go to it as JSON requests."""
 
     name = "vllm"
 
@@ -219,6 +261,14 @@ class VllmPeer:
             json_schema=json_schema,
         )
 
+    def score(
+        self, prompts: list[list[int]], starts: list[int], cache_reads: bool = False
+    ) -> dict[str, Any]:
+        """One `LLM.generate` call for the prompt logprobs of each prompt[start:]; the reply."""
+        return self._request(
+            "score", op="score", prompts=prompts, starts=starts, cache_reads=cache_reads
+        )
+
     def _fresh(self) -> None:
         self._request("reset", op="reset")
 
@@ -228,6 +278,7 @@ class VllmPeer:
         kept (each workload then reports it), not raised: the bench's set-up goes on."""
         with contextlib.suppress(Skipped):
             self.generate([[1, 2, 3]], 2)
+            self.score([[1, 2, 3]], [1])  # and the prompt-logprob path W2 takes
 
     def w1(self, wl: Workloads) -> dict[str, Any]:
         """Each turn's conversations in one call (as sgl_lite submits them); cache hits from
@@ -252,6 +303,41 @@ class VllmPeer:
         if not ttft_measured:
             figures["ttft_note"] = "no first-token time from vLLM: the turn's whole call instead"
         return figures
+
+    def w2(self, wl: Workloads) -> dict[str, Any]:
+        """Every choice of every question in one call (sgl_lite submits them together too):
+        each choice's whole prompt prefilled once for its prompt logprobs, scored as the
+        llama-cpp peer's (`decide`: mean logprob of the choice tokens). Run in each of
+        `W2_MODES` from an empty cache; the faster is the figure, both are kept."""
+        _, items = select_items(self.tokenizer, wl)
+        prompts = [c.ids for it in items for c in it.choices]
+        starts = [c.start for it in items for c in it.choices]
+        runs: dict[str, dict[str, Any]] = {}
+        for mode, cache_reads in W2_MODES.items():
+            self._fresh()
+            reply = self.score(prompts, starts, cache_reads)
+            submitted, computed = cache_figures(prompts, reply["outputs"])
+            decisions = [decide(s)[0] for s in choice_scores(items, reply["outputs"])]
+            runs[mode] = {
+                "wall_s": reply["wall_s"],
+                "decisions": decisions,
+                "submitted": submitted,
+                "computed": computed,
+                "rescored": reply.get("rescored", 0),
+            }
+        chosen = min(runs, key=lambda m: runs[m]["wall_s"])
+        best = runs[chosen]
+        agree = len({tuple(run["decisions"]) for run in runs.values()}) == 1
+        return {
+            "wall_s": best["wall_s"],
+            "decisions": best["decisions"],
+            "accuracy": sum(d == it.answer for d, it in zip(best["decisions"], items)) / len(items),
+            "prompt_tokens_submitted": best["submitted"],
+            "prompt_tokens_computed": best["computed"],
+            **{f"wall_s_{mode}": run["wall_s"] for mode, run in runs.items()},
+            "decisions_agree_across_modes": agree,
+            "cache_note": w2_cache_note(runs, chosen),
+        }
 
     def w3(self, wl: Workloads) -> dict[str, Any]:
         """Every product in one call under vLLM's structured outputs (its JSON-schema mode)."""

@@ -11,6 +11,13 @@ Start-up reply: {"ready": true, "version": ...} or {"error": "..."}. Requests (`
 - "generate": {"prompts": [[ids]], "max_tokens", "ignore_eos", "json_schema": null | {...}}
   -> {"ok": true, "wall_s", "outputs": [{"ids", "text", "cached", "ttft_s"}]}; `wall_s` is the
   time of the `LLM.generate` call alone, `cached` the prompt tokens vLLM's prefix cache served.
+- "score": {"prompts": [[ids]], "starts": [int], "cache_reads": bool} -> {"ok": true, "wall_s",
+  "outputs": [{"logprobs", "cached"}], "rescored"}: each prompt prefilled once for its prompt
+  logprobs (`max_tokens=1`); `logprobs` are those of ids[start:], each given the ids before it.
+  vLLM 0.32 reads no prefix cache for a request asking for prompt logprobs unless told to
+  (`skip_reading_prefix_cache=False`, with `cache_reads`); its logprobs at cached positions
+  are then stale, so a prompt whose cache hit reaches its `start` is scored again in a second
+  call without cache reads (counted in `rescored` and in `wall_s`).
 - "reset": empties the prefix cache -> {"ok": true}
 - "quit": ends the process.
 A request that fails is {"ok": false, "error": "..."}; the process lives on.
@@ -81,6 +88,67 @@ def _generate(vllm: Any, llm: Any, request: dict) -> dict:
     return {"ok": True, "wall_s": wall, "outputs": outputs}
 
 
+def choice_logprobs(prompt_logprobs: Any, ids: list[int], start: int, cached: int) -> list[float]:
+    """The logprobs of ids[start:] out of one request's `prompt_logprobs`.
+
+    Entry i of vLLM's list holds token i's logprob given tokens 0..i-1 (entry 0 is None); with
+    `cached` prompt tokens read from the prefix cache only entries past `cached` were computed.
+    """
+    if not 0 < start < len(ids):
+        raise ValueError(f"choice start {start} outside a {len(ids)}-token prompt")
+    if start <= cached:
+        raise ValueError(f"{cached} cached tokens cover the choice from {start}")
+    if prompt_logprobs is None or len(prompt_logprobs) != len(ids):
+        got = None if prompt_logprobs is None else len(prompt_logprobs)
+        raise ValueError(f"{got} prompt logprobs for a {len(ids)}-token prompt")
+    out = []
+    for i in range(start, len(ids)):
+        entry = prompt_logprobs[i]
+        if entry is None or ids[i] not in entry:
+            raise ValueError(f"no logprob of prompt token {ids[i]} at position {i}")
+        out.append(float(entry[ids[i]].logprob))
+    return out
+
+
+def _score_params(vllm: Any, cache_reads: bool) -> Any:
+    # detokenize=False: no text wanted, and vLLM would otherwise decode every prompt position
+    return vllm.SamplingParams(
+        max_tokens=1,
+        temperature=0.0,
+        prompt_logprobs=0,
+        detokenize=False,
+        skip_reading_prefix_cache=not cache_reads,
+    )
+
+
+def _score(vllm: Any, llm: Any, request: dict) -> dict:
+    prompts, starts = request["prompts"], request["starts"]
+    cache_reads = bool(request.get("cache_reads", False))
+    start = time.perf_counter()
+    results = llm.generate(
+        [{"prompt_token_ids": list(p)} for p in prompts],
+        _score_params(vllm, cache_reads),
+        use_tqdm=False,
+    )
+    cached = [int(getattr(r, "num_cached_tokens", None) or 0) for r in results]
+    again = [i for i, (c, s) in enumerate(zip(cached, starts)) if s <= c]
+    if again:  # the cache hit reached into the choice: those positions hold no fresh logprob
+        redo = llm.generate(
+            [{"prompt_token_ids": list(prompts[i])} for i in again],
+            _score_params(vllm, False),
+            use_tqdm=False,
+        )
+        for i, result in zip(again, redo):
+            results[i] = result
+            cached[i] = int(getattr(result, "num_cached_tokens", None) or 0)
+    wall = time.perf_counter() - start
+    outputs = [
+        {"logprobs": choice_logprobs(r.prompt_logprobs, list(p), s, c), "cached": c}
+        for r, p, s, c in zip(results, prompts, starts, cached)
+    ]
+    return {"ok": True, "wall_s": wall, "outputs": outputs, "rescored": len(again)}
+
+
 def main(argv: list[str]) -> int:
     """Loads the model, then answers requests until "quit" or end of input."""
     replies = _replies()
@@ -122,6 +190,8 @@ def main(argv: list[str]) -> int:
                 send({"ok": True})
             elif op == "generate":
                 send(_generate(vllm, llm, request))
+            elif op == "score":
+                send(_score(vllm, llm, request))
             else:
                 send({"ok": False, "error": f"unknown op {op!r}"})
         except Exception as exc:

@@ -4,14 +4,26 @@ over a stand-in `vllm` module (tests/bench/fake_vllm_worker.py) in a child proce
 from __future__ import annotations
 
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 from bench import vllm_peer
-from bench.common import Skipped
-from bench.vllm_peer import VllmPeer, cache_figures, exit_reason, log_tail, parse_reply, worker_env
+from bench.common import ChoiceIds, SelectItem, Skipped, decide, select_items
+from bench.vllm_peer import (
+    VllmPeer,
+    cache_figures,
+    choice_scores,
+    exit_reason,
+    log_tail,
+    parse_reply,
+    w2_cache_note,
+    worker_env,
+)
+from bench.vllm_worker import choice_logprobs
 from bench.workloads import build
+from tests.bench.fake_vllm_worker import fake_logprob
 
 FAKE = Path(__file__).with_name("fake_vllm_worker.py")
 
@@ -72,6 +84,67 @@ def test_a_missing_venv_is_skipped_with_how_to_install_it(tmp_path):
         VllmPeer(1, CharTokenizer(), tmp_path, python=tmp_path / "no-python")
 
 
+def _logprobs(ids: list[int], stale_through: int = 0) -> list:
+    """vLLM-shaped prompt logprobs: None first, then {token: Logprob}; stale where cached."""
+    return [None] + [
+        {t: types.SimpleNamespace(logprob=99.0 if i <= stale_through else -i / 10)}
+        for i, t in enumerate(ids[1:], 1)
+    ]
+
+
+def test_choice_logprobs_reads_the_choice_tokens_given_what_precedes_them():
+    ids = [5, 6, 7, 8, 9]
+    assert choice_logprobs(_logprobs(ids), ids, 3, 0) == [-0.3, -0.4]
+    # a cache hit of 2 tokens: entries past it are fresh, so a choice from 3 can be read
+    assert choice_logprobs(_logprobs(ids, stale_through=2), ids, 3, 2) == [-0.3, -0.4]
+
+
+def test_choice_logprobs_refuses_a_cache_hit_that_reaches_the_choice():
+    ids = [5, 6, 7, 8, 9]
+    with pytest.raises(ValueError, match="3 cached tokens cover the choice from 3"):
+        choice_logprobs(_logprobs(ids, stale_through=3), ids, 3, 3)
+
+
+def test_choice_logprobs_refuses_logprobs_that_do_not_match_the_prompt():
+    ids = [5, 6, 7]
+    with pytest.raises(ValueError, match="2 prompt logprobs for a 3-token prompt"):
+        choice_logprobs(_logprobs(ids)[:2], ids, 1, 0)
+    with pytest.raises(ValueError, match="no logprob of prompt token 7 at position 2"):
+        choice_logprobs(_logprobs([5, 6, 4]), ids, 1, 0)
+    with pytest.raises(ValueError, match="outside a 3-token prompt"):
+        choice_logprobs(_logprobs(ids), ids, 0, 0)
+
+
+def _item(*choices: tuple[int, int]) -> SelectItem:
+    return SelectItem([1, 2], [ChoiceIds(list(range(n)), s) for n, s in choices], [], 0)
+
+
+def test_choice_scores_regroups_the_flat_outputs_by_question():
+    items = [_item((4, 2), (3, 2)), _item((5, 2))]
+    outputs = [{"logprobs": [-1, -2]}, {"logprobs": [-0.5]}, {"logprobs": [-1, -1, -1]}]
+    scores = choice_scores(items, outputs)
+    assert scores == [[[-1.0, -2.0], [-0.5]], [[-1.0, -1.0, -1.0]]]
+    assert decide(scores[0]) == (1, [-1.5, -0.5])  # length-normalised: the short choice wins
+
+
+def test_choice_scores_refuses_a_reply_that_does_not_fit_the_items():
+    with pytest.raises(RuntimeError, match="scored 1 prompts, 2 were sent"):
+        choice_scores([_item((4, 2), (3, 2))], [{"logprobs": [-1, -2]}])
+    with pytest.raises(RuntimeError, match="1 logprobs for a 2-token choice"):
+        choice_scores([_item((4, 2))], [{"logprobs": [-1]}])
+
+
+def test_w2_cache_note_says_what_vllm_skips_and_which_mode_is_the_figure():
+    runs = {
+        "no_cache_reads": {"wall_s": 2.0, "computed": 100, "submitted": 100},
+        "cache_reads": {"wall_s": 1.0, "computed": 40, "submitted": 100, "rescored": 1},
+    }
+    note = w2_cache_note(runs, "cache_reads")
+    assert "skip_reading_prefix_cache defaults to True" in note
+    assert "no_cache_reads 2 s, 100 of 100" in note and "40 of 100 prompt tokens computed" in note
+    assert "1 rescored" in note and note.endswith("the faster (cache_reads)")
+
+
 # --- the protocol, over the stand-in ------------------------------------------------------------
 WL = build(quick=True, conversations=2, json_items=2)
 
@@ -101,6 +174,40 @@ def test_w3_sends_the_schema_and_checks_the_texts():
     try:
         w3 = peer.w3(WL)
         assert w3["items"] == 2 and w3["texts"][0] == '{"name": "x", "schema": "given"}'
+    finally:
+        peer.shutdown()
+
+
+@pytest.mark.process
+def test_w2_scores_every_choice_with_and_without_cache_reads_to_the_same_decisions():
+    wl = build(quick=True, questions=3)
+    tokenizer = CharTokenizer()
+    _, items = select_items(tokenizer, wl)
+    expected = [
+        decide([[fake_logprob(t) for t in c.ids[c.start :]] for c in it.choices])[0] for it in items
+    ]
+    prompts = [c.ids for it in items for c in it.choices]
+    starts = [c.start for it in items for c in it.choices]
+    peer = _peer()
+    try:
+        cold = peer.score(prompts, starts, cache_reads=False)
+        assert all(o["cached"] == 0 for o in cold["outputs"])  # vLLM's default: no reads
+        peer._fresh()
+        warm = peer.score(prompts, starts, cache_reads=True)
+        assert sum(o["cached"] for o in warm["outputs"]) > 0  # the shared prefix was read
+        for reply in (cold, warm):
+            assert [decide(s)[0] for s in choice_scores(items, reply["outputs"])] == expected
+        w2 = peer.w2(wl)
+        assert w2["decisions"] == expected and w2["decisions_agree_across_modes"]
+        assert w2["accuracy"] == sum(d == it.answer for d, it in zip(expected, items)) / 3
+        assert w2["wall_s"] == min(w2["wall_s_no_cache_reads"], w2["wall_s_cache_reads"])
+        assert "skip_reading_prefix_cache" in w2["cache_note"]
+        # two choices that share their first token: the second's cache hit reaches into it,
+        # so the worker scores it again without reads rather than return a stale logprob
+        peer._fresh()
+        shared = peer.score([[1, 2, 3, 4], [1, 2, 3, 5]], [2, 2], cache_reads=True)
+        assert shared["rescored"] == 1 and shared["outputs"][1]["cached"] == 0
+        assert shared["outputs"][1]["logprobs"] == [fake_logprob(3), fake_logprob(5)]
     finally:
         peer.shutdown()
 
