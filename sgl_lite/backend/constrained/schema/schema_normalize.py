@@ -168,7 +168,8 @@ class _Normalizer:
                     k: self.node(v, (*path, key, k)) if isinstance(v, (dict, bool)) else v
                     for k, v in out[key].items()
                 }
-        if self.structural and never(out) and not self._referenced(path, "not"):
+        # NOTE: not at the root, which the backends want as an object (a refusal names it)
+        if path and self.structural and never(out) and not self._referenced(path, "not"):
             return False  # `not: {}`: nothing matches (`properties: {x: false}`: x is absent)
         return self._rewrite(out, path)
 
