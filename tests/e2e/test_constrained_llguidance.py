@@ -128,3 +128,27 @@ def test_auto_uses_the_automaton_where_it_is_exact_and_llguidance_otherwise() ->
         auto.regex_for("json_schema", {"type": "integer", "multipleOf": 3})
     text = decode(auto.compile("json_schema", {"type": "integer", "multipleOf": 3}), seed=1)
     assert int(text) % 3 == 0
+
+
+# JSONSchemaBench's Glaiveai2K/calculate_area, cut down: the oneOf's branches give `shape` a
+# const without requiring it and mark absent names `not: {}`. schema_normalize makes it an
+# anyOf with `shape` required; closing the object and its branches apart (each to its own
+# names) left no name both allow, and llguidance refused it as unsatisfiable.
+SHAPES = {
+    "type": "object",
+    "properties": {"radius": {"type": "number"}, "width": {"type": "number"}},
+    "oneOf": [
+        {"properties": {"shape": {"const": "circle"}, "width": {"not": {}}}},
+        {"properties": {"shape": {"const": "square"}, "radius": {"not": {}}}},
+    ],
+}
+
+
+def test_a_oneof_told_apart_by_an_unrequired_const_compiles_and_validates() -> None:
+    grammar = llg_compiler().compile("json_schema", SHAPES)
+    assert grammar.backend == "llguidance"
+    for seed in range(4):
+        guide = grammar.new_guide(constraint=("json_schema", SHAPES))
+        text = decode(grammar, seed=seed)
+        assert guide.validate(text) is None, text
+        assert json.loads(text)["shape"] in ("circle", "square")

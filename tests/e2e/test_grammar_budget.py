@@ -282,3 +282,36 @@ def test_the_closer_looks_for_a_number_ending_once_a_step(backend: str, monkeypa
     path = closing_path(grammar.new_guide()._closing_copy(), grammar.ranked, 256)
     assert path is not None and valid_json(schema, smollm2_tokenizer().decode(path))
     assert 0 < len(looks) <= len(path), (len(looks), len(path))
+
+
+# JSONSchemaBench's Glaiveai2K/create_user_633f87f7.json: in llguidance's email format the
+# local part takes `}` and digits as letters and cannot end before its `@`, so the closer wrote
+# `}` (it looked like a closing bracket: no `"` may follow it) until its cap; the request ran
+# with no budget guarantee, and greedy SmolLM2 looped in the next free string until cut. (Its
+# `format: date` is left out: the closer's "0000-01-01" fails Python's date check, year 0.)
+# xgrammar's local part refuses `}` but its domain needs a dot and a two-letter top level: its
+# closer writes digit labels up to their length limit (112 tokens), where it found none before.
+USER = {
+    "type": "object",
+    "properties": {
+        "email": {"type": "string", "format": "email"},
+        "password": {"type": "string"},
+        "username": {"type": "string"},
+    },
+    "required": ["username", "email", "password"],
+}
+
+
+@pytest.mark.parametrize("backend", GRAMMAR_BACKENDS)
+def test_an_email_field_does_not_lose_the_budget_guarantee(backend: str) -> None:
+    grammar = compiler(backend).compile("json_schema", USER)
+    path = grammar.initial_path
+    assert path is not None, "the closer found no completion through the email's local part"
+    assert valid_json(USER, smollm2_tokenizer().decode(path))
+    for seed in range(3):
+        for budget in (grammar.min_tokens, grammar.min_tokens + 4, grammar.min_tokens + 40):
+            text, ids, guide, _ = budget_decode(
+                grammar, seed=seed, budget=budget, constraint=("json_schema", USER)
+            )
+            assert len(ids) <= budget and valid_json(USER, text), (budget, text)
+            assert guide.meta_info(text)["constraint_violation"] is None

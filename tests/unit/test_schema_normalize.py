@@ -41,6 +41,19 @@ INSTANCES = st.one_of(_scalar, st.lists(_value, max_size=3), st.dictionaries(
     st.sampled_from(KEYS), _value, max_size=5))  # fmt: skip
 
 REWRITTEN: dict[str, tuple[dict, list[Any]]] = {  # schema, hand-picked instances
+    "discriminator without object type (each branch made an object)": (
+        {
+            "oneOf": [
+                {"properties": {"k": {"const": "a"}}, "required": ["k"]},
+                {"properties": {"k": {"const": "b"}}, "required": ["k"]},
+            ]
+        },
+        ["a", None, {}, {"k": "a"}, {"k": "b"}, {"k": "c"}],
+    ),
+    "not: {} is false (the property must be absent)": (
+        {"type": "object", "properties": {"x": {"not": {}}, "a": {"not": True, "title": "t"}}},
+        [{}, {"x": 1}, {"x": None}, {"a": "a"}, {"b": 1}, "a"],
+    ),
     "oneOf by type": (
         {"oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]},
         ["a", 0, 1.0, -1, None, [], {}],
@@ -123,12 +136,7 @@ REWRITTEN: dict[str, tuple[dict, list[Any]]] = {  # schema, hand-picked instance
 
 UNCHANGED = {
     "overlapping oneOf": {"oneOf": [{"type": "integer"}, {"type": "number"}]},
-    "discriminator without object type": {
-        "oneOf": [
-            {"properties": {"k": {"const": "a"}}, "required": ["k"]},
-            {"properties": {"k": {"const": "b"}}, "required": ["k"]},
-        ]
-    },
+    "not: {} at the root (the backends want an object there)": {"not": {}},
     "1 and 1.0 are one literal": {"oneOf": [{"const": 1}, {"const": 1.0}]},
     "required lists two names apart": {"oneOf": [{"required": ["a", "b"]}, {"required": ["c"]}]},
     "a $ref into the oneOf": {

@@ -5,6 +5,8 @@ restriction is described in the notes, and a schema no restriction fits is left 
 
 from __future__ import annotations
 
+import itertools
+import json
 from typing import Any
 
 import jsonschema
@@ -12,7 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sgl_lite.backend.constrained.regex_check import GrammarError
 from sgl_lite.backend.constrained.schema.schema_normalize import normalize
+from sgl_lite.backend.constrained.schema.schema_regex import schema_to_regex
 
 pytestmark = pytest.mark.unit
 
@@ -41,6 +45,33 @@ RESTRICTED: dict[str, tuple[dict, list[Any], list[Any]]] = {  # schema, kept, cu
         [{"a": 1, "b": "x"}],
     ),
 }
+
+
+# JSONSchemaBench's Glaiveai2K/calculate_area: each branch gives `k` a literal, none requires it
+# (an object without `k` matches every branch unless an absent-property `not: {}` rules one out)
+UNREQUIRED_DISCRIMINATOR = {
+    "oneOf": [
+        {"properties": {"k": {"const": "a"}, "n": {"not": {}}}},
+        {"properties": {"k": {"enum": ["b", 1]}, "a": {"type": "integer"}}},
+        {"$ref": "#/$defs/c"},
+    ],
+    "$defs": {
+        "c": {
+            "type": ["object", "null"],
+            "properties": {"k": {"const": None}, "a": {"type": "string"}},
+        }
+    },
+}
+RESTRICTED["oneOf with a literal property no branch requires"] = (
+    UNREQUIRED_DISCRIMINATOR,
+    [{"k": "a"}, {"k": "b", "a": 1}, {"k": 1.0, "n": 2}, {"k": None, "a": "x"}],
+    [{"n": 1, "a": 1}],  # only branch 1 matches, but without its `k`
+)
+RESTRICTED["oneOf with a literal property no branch requires, as an object"] = (
+    {**UNREQUIRED_DISCRIMINATOR, "type": "object"},
+    [{"k": "a", "b": None}],
+    [{"n": 1, "a": 1}],
+)
 
 
 def _valid(schema: Any, value: Any) -> bool:
@@ -73,3 +104,40 @@ def test_no_restriction_fits_leaves_the_keyword_for_a_named_refusal() -> None:
     assert normalize(overlapping) == overlapping
     many = {"type": "array", "uniqueItems": True, "minItems": 2}
     assert normalize(many) == many
+
+
+def _objects() -> list[dict[str, Any]]:
+    """Every object over the names of UNREQUIRED_DISCRIMINATOR and a few values (625)."""
+    names, values = ("k", "a", "n", "b"), ("a", "b", 1, None)
+    out: list[dict[str, Any]] = []
+    for mask in range(16):
+        keys = [k for i, k in enumerate(names) if mask >> i & 1]
+        for picks in itertools.product(values, repeat=len(keys)):
+            out.append(dict(zip(keys, picks)))
+    return out
+
+
+def test_the_required_discriminator_accepts_only_valid_objects_and_each_branch_still() -> None:
+    after = normalize(UNREQUIRED_DISCRIMINATOR)
+    assert "oneOf" not in after and all("k" in b["required"] for b in after["anyOf"])
+    kept = [v for v in _objects() if _valid(after, v)]
+    assert all(_valid(UNREQUIRED_DISCRIMINATOR, v) for v in kept)
+    # every branch keeps values: each literal of `k` is still written
+    assert {json.dumps(v["k"]) for v in kept} == {'"a"', '"b"', "1", "null"}
+    assert len(kept) < sum(_valid(UNREQUIRED_DISCRIMINATOR, v) for v in _objects())
+
+
+@pytest.mark.parametrize(
+    "literals",
+    [({"const": "a"}, {"enum": ["a", "b"]}), ({"const": 1}, {"const": 1.0})],
+    ids=["shared enum value", "1 and 1.0"],
+)
+def test_branches_whose_literals_overlap_keep_the_named_refusal(literals: tuple) -> None:
+    schema = {
+        "type": "object",
+        "oneOf": [{"properties": {"k": lit, "a": {"type": "integer"}}} for lit in literals],
+    }
+    notes: list[str] = []
+    assert normalize(schema, notes) == schema and notes == []
+    with pytest.raises(GrammarError, match="oneOf.*branches 0 and 1 may both match one value"):
+        schema_to_regex(schema)

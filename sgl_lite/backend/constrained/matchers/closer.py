@@ -6,11 +6,14 @@ Neither backend can list its states, so there is no distance table as on the aut
 
 1. with F the bytes the grammar forces from here (the backend's fast-forward, possibly none)
    and P its first byte, then nothing, the first allowed token spelled P + `"}`, P + `"]`,
-   P + `}` or P + `]` that closes a structure: no `"` may follow it (inside a string, where
-   `}` is only text, `"` may);
-2. else the first allowed token spelled P + `""`, `"`, `,`, `0`..`9`: an empty string, the
-   end of a string, the next required item, the smallest number or one character of a string
-   that still needs `minLength` (so ` "` is one token where the forced ` ` and `"` are two).
+   P + `}` or P + `]` that closes a structure: neither `"` nor a letter may follow it (inside
+   a string, where `}` is only text, `"` may; in llguidance's email format, whose local part
+   takes `}` as a letter and cannot end before its `@`, a letter may: taking `}` there looped
+   until the cap, and the request lost its budget guarantee);
+2. else the first allowed token spelled P + `""`, `"`, `,`, `@`, `0`..`9`: an empty string,
+   the end of a string, the next required item, an email's `@` (its local part otherwise
+   takes digits until the cap), the smallest number or one character of a string that still
+   needs `minLength` (so ` "` is one token where the forced ` ` and `"` are two).
    A digit gives way to a line break or space that ends the output within two tokens (with
    `}` or `]` after it): in SGLang's own test regex, `"population": [0-9]+` then a line
    break and `}`, digits are always allowed, and the closer wrote them until its cap;
@@ -40,7 +43,7 @@ from sgl_lite.backend.constrained.vocab import TokenVocabulary
 CLOSER_CAP = 256  # the longest completion the closer looks for (tokens)
 _MAX_PREFIX = 24  # forced bytes read per step (longer tokens are rare; lookups stay cheap)
 _CLOSING = (b'"}', b'"]', b"}", b"]")
-_RANKED = (b'""', b'"', b",", *(str(d).encode() for d in range(10)))
+_RANKED = (b'""', b'"', b",", b"@", *(str(d).encode() for d in range(10)))
 _DIGITS = frozenset(str(d).encode() for d in range(10))
 _BREAKS = (b"\n", b" ")  # what may end a number before the last closing bracket
 
@@ -71,10 +74,11 @@ class ClosingMatcher(Protocol):
 
 
 class Ranked(NamedTuple):
-    """The vocabulary as the closer reads it: `quote` (the id of `"`, -1 if absent), the
-    text tokens' bytes and their ids by bytes."""
+    """The vocabulary as the closer reads it: `quote` and `letter` (the ids of `"` and `a`,
+    -1 if absent), the text tokens' bytes and their ids by bytes."""
 
     quote: int
+    letter: int
     token_bytes: tuple[bytes | None, ...]
     by_bytes: dict[bytes, int]
 
@@ -85,7 +89,9 @@ def ranked_tokens(vocab: TokenVocabulary) -> Ranked:
     for i, b in enumerate(vocab.token_bytes):
         if b is not None:
             by_bytes.setdefault(b, i)
-    return Ranked(by_bytes.get(b'"', -1), tuple(vocab.token_bytes), by_bytes)
+    return Ranked(
+        by_bytes.get(b'"', -1), by_bytes.get(b"a", -1), tuple(vocab.token_bytes), by_bytes
+    )
 
 
 def closing_path(matcher: ClosingMatcher, ranked: Ranked, cap: int) -> list[int] | None:
@@ -114,7 +120,7 @@ def _step(matcher: ClosingMatcher, ranked: Ranked, forced: bytes) -> int | None:
     for tail in _CLOSING:
         for prefix in prefixes:
             token = _choice(ranked, forced, prefix + tail)
-            if token is not None and _closes(matcher, token, ranked.quote):
+            if token is not None and _closes(matcher, token, ranked):
                 return token
     # The line break that would end a number depends only on the state: looked for once a
     # step, at the first digit spelling, not once per digit.
@@ -157,11 +163,13 @@ def _choice(ranked: Ranked, forced: bytes, spelling: bytes) -> int | None:
     return None if forced.startswith(spelling) else ranked.by_bytes.get(spelling)
 
 
-def _closes(matcher: ClosingMatcher, token_id: int, quote: int) -> bool:
-    """Consumes `token_id` if it is allowed and no `"` may follow it (it closes a structure)."""
-    if quote < 0:
-        return matcher.try_consume(token_id)
-    return matcher.allows([token_id, quote]) == 1 and matcher.try_consume(token_id)
+def _closes(matcher: ClosingMatcher, token_id: int, ranked: Ranked) -> bool:
+    """Consumes `token_id` if it is allowed and neither `"` nor a letter may follow it (it
+    closes a structure: after one, JSON has only `,`, brackets, blanks or the end)."""
+    for follower in (ranked.quote, ranked.letter):
+        if follower >= 0 and matcher.allows([token_id, follower]) != 1:
+            return False  # refused (0) or text that goes on (2)
+    return matcher.try_consume(token_id)
 
 
 class ClosingBudget:

@@ -62,25 +62,40 @@ def closed_objects(schema: Any) -> Any:
     """The schema with `additionalProperties: false` wherever properties are listed and nothing
     else is said: the same valid subset the automaton writes, so a model cannot run on with
     invented keys. Left as is when the schema uses allOf, where closing one part would reject
-    the properties of another."""
+    the properties of another. An object that lists properties beside anyOf/oneOf branches is
+    closed in its branches instead, each over its own and the object's names (closing both
+    would leave only the names they share: schema_normalize's discriminated oneOf, whose
+    branches name `shape` beside the object's dimensions, was unsatisfiable)."""
     if "allOf" in json.dumps(schema):
         return schema
+    return _close(schema)
 
-    def close(node: Any) -> Any:
-        if isinstance(node, list):
-            return [close(v) for v in node]
-        if not isinstance(node, dict):
-            return node
-        out = {
-            k: close(v) if k not in ("enum", "const", "default", "examples") else v
-            for k, v in node.items()
-        }
-        open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-        if isinstance(node.get("properties"), dict) and not any(k in node for k in open_keys):
-            out["additionalProperties"] = False
+
+def _close(node: Any, names: tuple[str, ...] = ()) -> Any:
+    """closed_objects below `node`; `names`: the properties an enclosing object lists beside
+    the anyOf/oneOf that `node` is a branch of (vacuous `true` entries, then closed over)."""
+    if isinstance(node, list):
+        return [_close(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {
+        k: _close(v) if k not in ("enum", "const", "default", "examples") else v
+        for k, v in node.items()
+    }
+    props = node.get("properties")
+    if names and (props is None or isinstance(props, dict)):
+        props = {**dict.fromkeys(names, True), **(props or {})}
+        out["properties"] = {**dict.fromkeys(names, True), **out.get("properties", {})}
+    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    if not isinstance(props, dict) or any(k in node for k in open_keys):
         return out
-
-    return close(schema)
+    alternatives = [k for k in ("anyOf", "oneOf") if isinstance(node.get(k), list)]
+    if not alternatives:
+        out["additionalProperties"] = False
+    elif all(isinstance(b, dict) and "$ref" not in b for k in alternatives for b in node[k]):
+        for k in alternatives:
+            out[k] = [_close(b, tuple(props)) for b in node[k]]
+    return out
 
 
 def check_llguidance(kind: str, grammar: str, tokenizer: Any) -> None:

@@ -16,8 +16,12 @@ restrictions listed below:
 - `format: uri-reference` / `format: regex` become a pattern for a subset of RFC 3986
   references / of regexes (text without metacharacters);
 - sound restrictions (a subset of the valid instances, each described in `notes`):
-  `uniqueItems` with `minItems` <= 1 becomes `maxItems: 1`; a `oneOf` whose branches are not
-  all provably disjoint keeps, as an `anyOf`, the branches disjoint from every other one;
+  `uniqueItems` with `minItems` <= 1 becomes `maxItems: 1`; a `oneOf` whose branches each
+  give one common property disjoint const/enum values, without requiring it, is an `anyOf` of
+  the branches with that property required (schema_one_of); a `oneOf` whose branches
+  are not all provably disjoint keeps, as an `anyOf`, the branches disjoint from every other
+  one;
+- `not: {}` / `not: true` is `false` (schema_one_of.never);
 - a `format` no JSON Schema draft defines (`"datetime"`) is dropped: the specification makes an
   unknown format an annotation, and validators ignore it. Each drop is described in `notes`
   (the response's `constraint_notes`).
@@ -45,6 +49,12 @@ from sgl_lite.backend.constrained.schema.schema_merge import (
     literal_set,
     merge_all,
     resolve_ref,
+)
+from sgl_lite.backend.constrained.schema.schema_one_of import (
+    discriminated,
+    discriminated_note,
+    exclusive_required,
+    never,
 )
 
 _SCHEMA_KEYS = ("additionalItems", "contains", "additionalProperties", "propertyNames", "not",
@@ -158,6 +168,9 @@ class _Normalizer:
                     k: self.node(v, (*path, key, k)) if isinstance(v, (dict, bool)) else v
                     for k, v in out[key].items()
                 }
+        # NOTE: not at the root, which the backends want as an object (a refusal names it)
+        if path and self.structural and never(out) and not self._referenced(path, "not"):
+            return False  # `not: {}`: nothing matches (`properties: {x: false}`: x is absent)
         return self._rewrite(out, path)
 
     def _rewrite(self, node: dict, path: tuple[str, ...]) -> dict:
@@ -250,6 +263,10 @@ class _Normalizer:
             new: list[Schema] | None = branches
         else:
             new = exclusive_required(resolved)
+        found = None if new is not None else discriminated(resolved, self.deref, within)
+        if found is not None:
+            new = found[1]  # NOTE: a sound restriction, like the branch cut below
+            self.notes.append(discriminated_note(pointer(path), found[0]))
         if new is None and any(apart):
             # NOTE: a sound restriction: a value of a branch disjoint from every other one
             # matches exactly one branch; the branches that may overlap are not written
@@ -392,39 +409,6 @@ def dependency_branches(deps: dict[str, Any]) -> list[Schema] | None:
             if merged is not False:
                 branches.append(merged)
     return branches or [False]
-
-
-def exclusive_required(branches: list[Any]) -> list[Schema] | None:
-    """`oneOf` of bare `required` lists as an anyOf: branch i requires its names and lacks one
-    name of every other branch (a single one: then `properties: {name: false}` says it); None
-    where that does not apply."""
-    sets = []
-    for b in branches:
-        if not isinstance(b, dict) or set(b) - ANNOTATIONS != {"required"}:
-            return None
-        sets.append(list(dict.fromkeys(b["required"])))
-    out: list[Schema] = []
-    for i, own in enumerate(sets):
-        forbidden: list[str] = []
-        for j, other in enumerate(sets):
-            if j == i:
-                continue
-            missing = [n for n in other if n not in own]
-            if not missing:
-                break  # whenever branch i holds, branch j does too: never exactly one
-            if len(missing) > 1:
-                return None
-            forbidden.append(missing[0])
-        else:
-            if set(forbidden) & set(own):
-                continue
-            # NOTE: `type` because a non-object satisfies every branch, so fails a oneOf of two
-            branch: dict[str, Any] = {"type": "object", "required": own}
-            if forbidden:
-                branch["properties"] = dict.fromkeys(forbidden, False)
-                branch["additionalProperties"] = True  # see closed_objects
-            out.append(branch)
-    return out or [False]
 
 
 def _collect_refs(node: Any, out: set[tuple[str, ...]]) -> None:
