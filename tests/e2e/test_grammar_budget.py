@@ -7,6 +7,8 @@ cannot finish falls back to flagging a cut output."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -287,8 +289,7 @@ def test_the_closer_looks_for_a_number_ending_once_a_step(backend: str, monkeypa
 # JSONSchemaBench's Glaiveai2K/create_user_633f87f7.json: in llguidance's email format the
 # local part takes `}` and digits as letters and cannot end before its `@`, so the closer wrote
 # `}` (it looked like a closing bracket: no `"` may follow it) until its cap; the request ran
-# with no budget guarantee, and greedy SmolLM2 looped in the next free string until cut. (Its
-# `format: date` is left out: the closer's "0000-01-01" fails Python's date check, year 0.)
+# with no budget guarantee, and greedy SmolLM2 looped in the next free string until cut.
 # xgrammar's local part refuses `}` but its domain needs a dot and a two-letter top level: its
 # closer writes digit labels up to their length limit (112 tokens), where it found none before.
 USER = {
@@ -315,3 +316,28 @@ def test_an_email_field_does_not_lose_the_budget_guarantee(backend: str) -> None
             )
             assert len(ids) <= budget and valid_json(USER, text), (budget, text)
             assert guide.meta_info(text)["constraint_violation"] is None
+
+
+# The same schema's `format: date`: the closer took the smallest digit first and closed it as
+# "0000-01-01", year 0, which no date validator accepts; `1` now ranks before `0`.
+DATES = {
+    "type": "object",
+    "properties": {
+        "birthdate": {"type": "string", "format": "date"},
+        "at": {"type": "string", "format": "date-time"},
+    },
+    "required": ["birthdate", "at"],
+}
+
+
+@pytest.mark.parametrize("backend", GRAMMAR_BACKENDS)
+def test_a_budget_closed_date_is_a_date_a_validator_accepts(backend: str) -> None:
+    from jsonschema import Draft202012Validator
+
+    grammar = compiler(backend).compile("json_schema", DATES)
+    path = grammar.initial_path
+    assert path is not None
+    text = smollm2_tokenizer().decode(path)
+    checker = Draft202012Validator.FORMAT_CHECKER
+    errors = list(Draft202012Validator(DATES, format_checker=checker).iter_errors(json.loads(text)))
+    assert not errors, (text, [e.message for e in errors])

@@ -71,7 +71,7 @@ def test_an_email_local_part_that_takes_a_brace_is_closed_through_its_at_sign() 
     matcher = RegexMatcher(EMAIL, '{"email": "')
     path = closing_path(matcher, RANKED, 64)
     assert path is not None, "the closer took `}` in the local part for a closing bracket"
-    assert matcher.text == '{"email": "0@0"}'
+    assert matcher.text == '{"email": "1@1"}'
 
 
 def test_a_brace_that_closes_the_object_is_still_taken_first() -> None:

@@ -10,10 +10,12 @@ Neither backend can list its states, so there is no distance table as on the aut
    a string, where `}` is only text, `"` may; in llguidance's email format, whose local part
    takes `}` as a letter and cannot end before its `@`, a letter may: taking `}` there looped
    until the cap, and the request lost its budget guarantee);
-2. else the first allowed token spelled P + `""`, `"`, `,`, `@`, `0`..`9`: an empty string,
-   the end of a string, the next required item, an email's `@` (its local part otherwise
-   takes digits until the cap), the smallest number or one character of a string that still
-   needs `minLength` (so ` "` is one token where the forced ` ` and `"` are two).
+2. else the first allowed token spelled P + `""`, `"`, `,`, `@`, `1`, `0`, `2`..`9`: an
+   empty string, the end of a string, the next required item, an email's `@` (its local part
+   otherwise takes digits until the cap), a one-digit number or one character of a string
+   that still needs `minLength` (so ` "` is one token where the forced ` ` and `"` are two).
+   `1` before `0`: a `format: date` the grammar spells with digits would close as
+   `0000-01-01` (year 0, which no date validator accepts) where `1111-11-11` is a date.
    A digit gives way to a line break or space that ends the output within two tokens (with
    `}` or `]` after it): in SGLang's own test regex, `"population": [0-9]+` then a line
    break and `}`, digits are always allowed, and the closer wrote them until its cap;
@@ -43,7 +45,7 @@ from sgl_lite.backend.constrained.vocab import TokenVocabulary
 CLOSER_CAP = 256  # the longest completion the closer looks for (tokens)
 _MAX_PREFIX = 24  # forced bytes read per step (longer tokens are rare; lookups stay cheap)
 _CLOSING = (b'"}', b'"]', b"}", b"]")
-_RANKED = (b'""', b'"', b",", b"@", *(str(d).encode() for d in range(10)))
+_RANKED = (b'""', b'"', b",", b"@", b"1", b"0", *(str(d).encode() for d in range(2, 10)))
 _DIGITS = frozenset(str(d).encode() for d in range(10))
 _BREAKS = (b"\n", b" ")  # what may end a number before the last closing bracket
 
