@@ -216,6 +216,18 @@ def evaluate_targets(r: dict) -> list[Target]:
             "batch1_tokens_per_s",
         )
     )
+    out.append(
+        _at_least(
+            r,
+            "W4 prefill tok/s, sgl_lite default (fast) / sgl_lite float32",
+            ">= 1.0",
+            1.0,
+            "W4",
+            "sgl_lite",
+            "sgl_lite_float32",
+            "prefill_tokens_per_s",
+        )
+    )
     b1 = _get(r, "workloads", "W4", "systems", "sgl_lite", "batch1_tokens_per_s")
     bn = _get(r, "workloads", "W4", "systems", "sgl_lite", "batch_tokens_per_s")
     vs_hf = _ratio(r, "W4", "sgl_lite", "hf_alone", "batch_tokens_per_s")
@@ -285,7 +297,7 @@ WORKLOAD_COLUMNS = {
         "forward_passes_no_jump_forward",
         "constrained_over_unconstrained_per_token",
     ],
-    "W4": ["batch1_tokens_per_s", "batch_tokens_per_s", "batch_size"],
+    "W4": ["batch1_tokens_per_s", "batch_tokens_per_s", "batch_size", "prefill_tokens_per_s"],
     "W5": ["dsl_wall_s", "engine_wall_s", "dsl_over_engine"],
     # W3B / W3T rows are grammar backends (and, in W3T, the peers), see bench/w3_backends.py
     "W3B": [

@@ -217,7 +217,13 @@ class SglLite:
         pn = {**p1, "max_new_tokens": wl.decode_new_tokens_batch}
         walln, outs = _timed_generate(self.engine, many, pn)
         tokens_n = sum(o["meta_info"]["completion_tokens"] for o in outs)
+        # Prefill alone: the 16 prompts as one, from an empty cache, one new token.
+        self._fresh()
+        joined = [t for ids in many for t in ids]
+        wallp, _ = _timed_generate(self.engine, joined, {"temperature": 0, "max_new_tokens": 1})
         return {
+            "prefill_tokens": len(joined),
+            "prefill_tokens_per_s": len(joined) / wallp,
             "batch1_tokens_per_s": out["meta_info"]["completion_tokens"] / wall1,
             "batch_tokens_per_s": tokens_n / walln,
             "batch_size": len(many),
