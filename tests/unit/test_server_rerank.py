@@ -133,6 +133,8 @@ def test_vllms_shape_on_v2_and_the_bare_route(served):
         assert usage["prompt_tokens"] == usage["total_tokens"] > 0
     one = post(served, "/v2/rerank", documents=DOCS, top_n=1, return_documents=False).json()
     assert len(one["results"]) == 1 and one["results"][0]["document"] is None
+    # usage counts every document ranked, not only the top_n returned
+    assert one["usage"]["prompt_tokens"] == usage["prompt_tokens"]
 
 
 def test_the_shared_instruction_and_query_are_computed_once(served):

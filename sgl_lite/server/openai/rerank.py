@@ -133,7 +133,7 @@ def add_rerank_routes(
             score = relevance(lps[: len(yes)], lps[len(yes) :])
             ranked.append(Ranked(i, score, meta["prompt_tokens"], meta["cached_tokens"]))
         ranked.sort(key=lambda x: x.score, reverse=True)  # stable: ties keep the given order
-        return req, ranked[: req.top_n or None]
+        return req, ranked  # every document: usage counts them all, whatever top_n keeps
 
     @app.post("/v1/rerank")
     async def rerank_sglang(request: Request) -> JsonResponse:
@@ -142,7 +142,7 @@ def add_rerank_routes(
         except ApiError as exc:
             return sglang_error(exc)
         items = []
-        for r in ranked:
+        for r in ranked[: req.top_n or None]:
             item: dict[str, Any] = {"score": r.score, "index": r.doc}
             if req.return_documents:
                 item["document"] = req.documents[r.doc]
@@ -164,7 +164,7 @@ def add_rerank_routes(
                 "document": {"text": req.documents[r.doc]} if req.return_documents else None,
                 "relevance_score": r.score,
             }
-            for r in ranked
+            for r in ranked[: req.top_n or None]
         ]
         body = {
             "id": f"rerank-{uuid.uuid4().hex}",
