@@ -67,6 +67,24 @@ RESTRICTED["oneOf with a literal property no branch requires"] = (
     [{"k": "a"}, {"k": "b", "a": 1}, {"k": 1.0, "n": 2}, {"k": None, "a": "x"}],
     [{"n": 1, "a": 1}],  # only branch 1 matches, but without its `k`
 )
+# Github_ultra/o39230 (composer): a package, or a list of them; a list matches the untyped
+# package schema too, so only objects are written for the first branch and the second is cut
+RESTRICTED["oneOf with an untyped branch that constrains objects only"] = (
+    {"oneOf": [{"required": ["a"]}, {"type": "array"}]},
+    [{"a": 1}, {"a": [1], "b": None}],
+    ["x", 1],  # a non-object matches only the first branch as submitted
+)
+RESTRICTED["oneOf with an untyped branch that constrains objects only, beside a $ref"] = (
+    {
+        "oneOf": [
+            {"$ref": "#/$defs/p", "required": ["a"]},
+            {"type": "array", "items": {"$ref": "#/$defs/p"}},
+        ],
+        "$defs": {"p": {"properties": {"a": {"type": "integer"}}}},
+    },
+    [{"a": 1}],
+    ["x", None],
+)
 RESTRICTED["oneOf with a literal property no branch requires, as an object"] = (
     {**UNREQUIRED_DISCRIMINATOR, "type": "object"},
     [{"k": "a", "b": None}],

@@ -3,9 +3,11 @@
 Every rewrite here is exact (an instance is valid before if and only if it is valid after),
 except the format rewrite, which narrows as every compiled format does (formats.py), and the
 restrictions listed below:
-- `oneOf` whose branches provably exclude each other (types, literals, a required property with
-  disjoint literals) is `anyOf`; a `oneOf` of bare `required` lists ("exactly one of these
-  keys") is an `anyOf` whose branches forbid the other keys (`properties: {k: false}`);
+- `oneOf` whose branches provably exclude each other (types, literals, an enum none of whose
+  values the other branch accepts, a required property with disjoint literals, a property one
+  requires and the other forbids, property counts) is `anyOf`; a `oneOf` of bare `required`
+  lists ("exactly one of these keys") is an `anyOf` whose branches forbid the other keys
+  (`properties: {k: false}`);
 - `dependencies` / `dependentRequired` / `dependentSchemas` become an `anyOf` over which of the
   trigger keys are present (absent: `properties: {k: false}`);
 - `propertyNames: {pattern: P}` on an object that lists no properties is
@@ -20,7 +22,8 @@ restrictions listed below:
   give one common property disjoint const/enum values, without requiring it, is an `anyOf` of
   the branches with that property required (schema_one_of); a `oneOf` whose branches
   are not all provably disjoint keeps, as an `anyOf`, the branches disjoint from every other
-  one;
+  one, an untyped branch that only constrains objects written as objects where that makes it
+  disjoint;
 - `not: {}` / `not: true` is `false` (schema_one_of.never);
 - a `format` no JSON Schema draft defines (`"datetime"`) is dropped: the specification makes an
   unknown format an annotation, and validators ignore it. Each drop is described in `notes`
@@ -46,15 +49,17 @@ from sgl_lite.backend.constrained.schema.schema_merge import (
     ANNOTATIONS,
     Schema,
     declared_types,
-    literal_set,
     merge_all,
     resolve_ref,
 )
 from sgl_lite.backend.constrained.schema.schema_one_of import (
+    as_objects,
     discriminated,
     discriminated_note,
     exclusive_required,
     never,
+    objects_apart,
+    value_set,
 )
 
 _SCHEMA_KEYS = ("additionalItems", "contains", "additionalProperties", "propertyNames", "not",
@@ -66,7 +71,11 @@ _ARRAY_ONLY = ("uniqueItems", "contains", "minContains", "maxContains", "additio
                "unevaluatedItems")  # fmt: skip
 _OBJECT_ONLY = ("propertyNames", "dependencies", "dependentRequired", "dependentSchemas",
                 "unevaluatedProperties", "patternProperties")  # fmt: skip
+# the keys `_Normalizer.node` walks as keywords; a $ref may still point under any other key
+_WALKED = frozenset({*_SCHEMA_KEYS, *_LIST_KEYS, *_MAP_KEYS, "items", "dependencies", "enum",
+                     "const", "default", "examples"})  # fmt: skip
 MAX_DEPENDENCY_KEYS = 4  # the anyOf has up to 2**n branches
+MAX_LITERALS_CHECKED = 64  # an enum's values validated one by one against another oneOf branch
 _SEGMENT = "[A-Za-z0-9._~-]+"  # RFC 3986 unreserved characters, no ':' and no '%'
 # NOTE: a relative or absolute path reference ("a/b", "/a/b/"): never "//", so never an
 # authority, and no ':', so never a scheme. Absolute URIs are left out: their bounded pattern
@@ -139,6 +148,7 @@ class _Normalizer:
         self.notes = notes if notes is not None else []
         self.protected: set[tuple[str, ...]] = set()
         _collect_refs(root, self.protected)
+        self._validator: Any = None  # the root's validator, built at the first `_rejects`
 
     def _referenced(self, path: tuple[str, ...], key: str) -> bool:
         """Whether some $ref points at or inside `path/key` (so it must keep its place)."""
@@ -168,10 +178,25 @@ class _Normalizer:
                     k: self.node(v, (*path, key, k)) if isinstance(v, (dict, bool)) else v
                     for k, v in out[key].items()
                 }
+        for key, value in out.items():
+            if key not in _WALKED and isinstance(value, dict) and self._referenced(path, key):
+                out[key] = self._referenced_part(value, (*path, key))
         # NOTE: not at the root, which the backends want as an object (a refusal names it)
         if path and self.structural and never(out) and not self._referenced(path, "not"):
             return False  # `not: {}`: nothing matches (`properties: {x: false}`: x is absent)
         return self._rewrite(out, path)
+
+    def _referenced_part(self, part: dict, path: tuple[str, ...]) -> dict:
+        """`part`, under a key no keyword names (`{"paypal": {"definitions": ...}}`), with the
+        schemas $refs point at in it rewritten as every other schema is."""
+        if path in self.protected:
+            return self.node(part, path)
+        return {
+            k: self._referenced_part(v, (*path, k))
+            if isinstance(v, dict) and self._referenced(path, k)
+            else v
+            for k, v in part.items()
+        }
 
     def _rewrite(self, node: dict, path: tuple[str, ...]) -> dict:
         fmt = node.get("format")
@@ -267,19 +292,49 @@ class _Normalizer:
         if found is not None:
             new = found[1]  # NOTE: a sound restriction, like the branch cut below
             self.notes.append(discriminated_note(pointer(path), found[0]))
-        if new is None and any(apart):
-            # NOTE: a sound restriction: a value of a branch disjoint from every other one
-            # matches exactly one branch; the branches that may overlap are not written
-            new = [b for b, ok in zip(branches, apart) if ok]
-            dropped = ", ".join(str(i) for i, ok in enumerate(apart) if not ok)
-            self.notes.append(
-                f"oneOf at {pointer(path)}: branches {dropped} may match one value together, so "
-                "only the other branches are written (a subset of the valid values)"
-            )
+        if new is None:
+            new = self._apart_branches(branches, resolved, apart, within, path)
         if new is None:
             return
         del node["oneOf"]
         self._add_any_of(node, new)
+
+    def _apart_branches(
+        self,
+        branches: list[Any],
+        resolved: list[Any],
+        apart: list[bool],
+        within: frozenset[str],
+        path: tuple[str, ...],
+    ) -> list[Schema] | None:
+        """A sound restriction of a `oneOf` whose branches may overlap: the branches disjoint
+        from every other one (a value of one matches exactly one branch), an untyped branch
+        that only constrains objects written as objects where that makes it disjoint (see
+        `as_objects`); None where no branch is."""
+        written: list[Any] = [b if ok else None for b, ok in zip(branches, apart)]
+        narrowed = []
+        if not within <= {"object"}:
+            for i, branch in enumerate(resolved):
+                objects = None if apart[i] else as_objects(branch, self.possible_types(branch, 0))
+                others = (b for j, b in enumerate(resolved) if j != i)
+                if objects is not None and all(self.disjoint(objects, b, within) for b in others):
+                    written[i] = objects
+                    narrowed.append(str(i))
+        if all(b is None for b in written):
+            return None
+        dropped = [str(i) for i, b in enumerate(written) if b is None]
+        parts = []
+        if narrowed:  # NOTE: a non-object matches such a branch unchecked, so others too
+            parts.append(f"branches {', '.join(narrowed)} are written as objects only")
+        if dropped:
+            parts.append(
+                f"branches {', '.join(dropped)} may match one value together with another, so "
+                "they are not written"
+            )
+        self.notes.append(
+            f"oneOf at {pointer(path)}: {'; '.join(parts)} (a subset of the valid values)"
+        )
+        return [b for b in written if b is not None]
 
     @staticmethod
     def _add_any_of(node: dict, branches: list[Schema]) -> None:
@@ -330,18 +385,35 @@ class _Normalizer:
         types = self.possible_types(a, 0) & self.possible_types(b, 0) & within
         if not types:
             return True
-        la, lb = literal_set(a), literal_set(b)
+        la, lb = value_set(a), value_set(b)
         if la is not None and lb is not None and not la & lb:
+            return True
+        if (la is not None and self._rejects(b, la)) or (lb is not None and self._rejects(a, lb)):
             return True
         # NOTE: a discriminator separates objects only: `required` holds for any non-object
         if types <= {"object"} and isinstance(a, dict) and isinstance(b, dict):
             pa, pb = a.get("properties") or {}, b.get("properties") or {}
             common = set(a.get("required") or ()) & set(b.get("required") or ())
             for name in common & set(pa) & set(pb):
-                la, lb = literal_set(self.deref(pa[name])), literal_set(self.deref(pb[name]))
+                la, lb = value_set(self.deref(pa[name])), value_set(self.deref(pb[name]))
                 if la is not None and lb is not None and not la & lb:
                     return True
+            return objects_apart(a, b, self.deref)
         return False
+
+    def _rejects(self, schema: Any, literals: set[str]) -> bool:
+        """Whether `schema` (its `$ref`s read in the root) accepts none of `literals` (canonical
+        JSON), by the validator itself; False where it cannot tell. Formats are not checked:
+        accepting more only makes this answer False more often."""
+        if len(literals) > MAX_LITERALS_CHECKED:
+            return False
+        if self._validator is None:
+            self._validator = jsonschema.validators.validator_for(self.root)(self.root)
+        try:
+            check = self._validator.evolve(schema=schema)
+            return not any(check.is_valid(json.loads(value)) for value in literals)
+        except Exception:  # NOTE: an invalid or unresolvable sub-schema: cannot tell
+            return False
 
 
 def keyword_path(

@@ -11,15 +11,34 @@ be written as an `anyOf`), and the absent-property schema they and it use:
   an object without that property matches every branch, so such branches may overlap; with
   the property also required (and the branch an object), a value matching branch i carries
   one of i's literals, which every other branch refuses: it matches exactly one branch, as
-  `oneOf` asks, and the branches can be written as an `anyOf`.
+  `oneOf` asks, and the branches can be written as an `anyOf`;
+- `value_set`, `objects_apart` and `as_objects`: what schema_normalize's disjointness test reads
+  beyond types and literals (an anchored literal `pattern` as the one string it allows; a
+  property one branch requires and the other forbids; more required properties than the other
+  allows) and the restriction of an untyped branch that only constrains objects to objects
+  (`{"required": ["name"]}` beside `{"type": "array"}`: an array matches the first too).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 from sgl_lite.backend.constrained.schema.schema_merge import ANNOTATIONS, Schema, literal_set
+
+# NOTE: text in which no character is a regex metacharacter matches only itself
+_ANCHORED_LITERAL = re.compile(r"\^([A-Za-z0-9_ /:@,-]*)\$")
+# keywords that constrain objects only, and keywords that constrain another type only
+_OBJECT_KEYWORDS = frozenset({"properties", "required", "additionalProperties", "minProperties",
+                              "maxProperties", "patternProperties", "propertyNames",
+                              "dependencies", "dependentRequired", "dependentSchemas"})  # fmt: skip
+_OTHER_TYPE_KEYWORDS = frozenset({"items", "prefixItems", "additionalItems", "contains",
+                                  "minItems", "maxItems", "uniqueItems", "minLength",
+                                  "maxLength", "pattern", "format", "minimum", "maximum",
+                                  "exclusiveMinimum", "exclusiveMaximum",
+                                  "multipleOf"})  # fmt: skip
 
 
 def never(schema: Any) -> bool:
@@ -33,7 +52,8 @@ def discriminated(
 ) -> tuple[str, list[Schema]] | None:
     """`(name, branches)`: the first property `name` (in the first branch's order) that every
     branch of `branches` (already followed through bare `$ref`s by the caller) gives a
-    const/enum pairwise disjoint from the others', and the branches with `name` required;
+    const/enum (or anchored literal pattern, see `value_set`) pairwise disjoint from the
+    others', and the branches with `name` required;
     None where no property does. `within`: the types the node's own `type` allows (unless
     that is objects only, each branch is made an object: a non-object matches every branch,
     so fails the `oneOf`). `deref` follows a property's bare `$ref`."""
@@ -42,7 +62,7 @@ def discriminated(
         return None
     props = [b.get("properties") if isinstance(b.get("properties"), dict) else {} for b in branches]
     for name in props[0]:
-        literals = [literal_set(deref(p[name])) if name in p else None for p in props]
+        literals = [value_set(deref(p[name])) if name in p else None for p in props]
         if any(lits is None for lits in literals):
             continue
         sets = [lits for lits in literals if lits is not None]
@@ -108,3 +128,77 @@ def exclusive_required(branches: list[Any]) -> list[Schema] | None:
                 branch["additionalProperties"] = True  # see closed_objects
             out.append(branch)
     return out or [False]
+
+
+def value_set(schema: Any) -> set[str] | None:
+    """A superset of the values `schema` allows, as canonical JSON (see `literal_set`): its
+    const/enum, or the one string a `type: string` schema's anchored literal `pattern` (`^Abs$`)
+    matches; None when neither bounds it."""
+    literals = literal_set(schema)
+    if literals is not None or not isinstance(schema, dict) or schema.get("type") != "string":
+        return literals
+    found = _ANCHORED_LITERAL.fullmatch(str(schema.get("pattern")))
+    return None if found is None else {json.dumps(found.group(1))}
+
+
+def objects_apart(a: dict, b: dict, deref: Callable[[Any], Any]) -> bool:
+    """Whether no object matches both `a` and `b` (sound, not complete): one requires a property
+    the other forbids, or requires more properties than the other's `maxProperties`."""
+    for one, other in ((a, b), (b, a)):
+        required = one.get("required") if isinstance(one.get("required"), list) else []
+        if any(isinstance(name, str) and forbids(other, name, deref) for name in required):
+            return True
+        limit = other.get("maxProperties")
+        if isinstance(limit, int) and min_properties(one, deref) > limit:
+            return True
+    return False
+
+
+def forbids(schema: dict, name: str, deref: Callable[[Any], Any]) -> bool:
+    """Whether an object matching `schema` cannot have the property `name`: its schema there
+    is false, or it is left to an `additionalProperties` that is (no `patternProperties`, whose
+    patterns might take it)."""
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    if name in props:
+        target = deref(props[name])
+        return target is False or never(target)
+    if schema.get("patternProperties"):
+        return False
+    extra = schema.get("additionalProperties", True)
+    return extra is False or never(extra)
+
+
+def min_properties(schema: Any, deref: Callable[[Any], Any], depth: int = 0) -> int:
+    """A lower bound on the property count of an object matching `schema`: its `required`
+    names, its `minProperties`, and what every `anyOf`/`oneOf` branch or any `allOf` part asks."""
+    schema = deref(schema)
+    if not isinstance(schema, dict) or depth > 8:
+        return 0
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    least = schema.get("minProperties") if isinstance(schema.get("minProperties"), int) else 0
+    count = max(len({n for n in required if isinstance(n, str)}), least)
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list) and branches:
+            count = max(count, min(min_properties(b, deref, depth + 1) for b in branches))
+    for part in schema.get("allOf") if isinstance(schema.get("allOf"), list) else ():
+        count = max(count, min_properties(part, deref, depth + 1))
+    return count
+
+
+def as_objects(branch: Any, types: frozenset[str]) -> dict | None:
+    """`branch` (whose instances have one of `types`) written for objects only where it
+    declares no type and constrains objects only: a subset of it, without the non-objects it
+    lets through unchecked; else None. Beside a `$ref` (which, up to draft 7, makes its sibling
+    keywords ignored) as an `allOf`, so `type: object` holds in every draft."""
+    if (
+        not isinstance(branch, dict)
+        or "object" not in types
+        or {"type", "const", "enum"} & set(branch)
+    ):
+        return None
+    if not _OBJECT_KEYWORDS & set(branch) or _OTHER_TYPE_KEYWORDS & set(branch):
+        return None
+    if "$ref" in branch:
+        return {"type": "object", "allOf": [branch]}
+    return {**branch, "type": "object"}
