@@ -58,3 +58,18 @@ def test_meta_info_carries_the_notes() -> None:
         "constraint_violation": None,
         "constraint_notes": ["a note"],
     }
+
+
+def test_overlapping_pattern_properties_are_served_by_llguidance_with_a_note() -> None:
+    compiler = GrammarCompiler(smollm2_tokenizer(), backend="auto", timeout_s=60.0)
+    schema = {
+        "type": "object",
+        "patternProperties": {".*": {"type": "integer"}, "^id": {"minimum": 0}},
+        "additionalProperties": False,
+    }
+    assert compiler.plan("json_schema", schema)[0] == "llguidance"
+    [note] = compiler.notes("json_schema", schema)
+    assert note.startswith("patternProperties at /:") and "subset" in note
+    guide = compiler.compile("json_schema", schema).new_guide(max_new_tokens=32)
+    assert guide.allowed_mask().any()
+    assert check_output("json_schema", schema, '{"id": 3}') is None

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from sgl_lite.backend.constrained.regex_check import GrammarError
 from sgl_lite.backend.constrained.schema.schema_normalize import normalize
+from sgl_lite.backend.constrained.schema.schema_pattern_properties import merged
 from sgl_lite.backend.constrained.schema.schema_regex import schema_to_regex
 
 pytestmark = pytest.mark.unit
@@ -159,3 +160,43 @@ def test_branches_whose_literals_overlap_keep_the_named_refusal(literals: tuple)
     assert normalize(schema, notes) == schema and notes == []
     with pytest.raises(GrammarError, match="oneOf.*branches 0 and 1 may both match one value"):
         schema_to_regex(schema)
+
+
+# JSONSchemaBench's Github_hard/o27790: `.*` beside a second pattern, which llguidance refuses
+OVERLAPPING_PATTERNS = {
+    "type": "object",
+    "patternProperties": {"^[ab]$": {"type": "integer"}, "a": {"enum": [1, "a"]}},
+    "additionalProperties": False,
+}
+
+
+def test_overlapping_pattern_properties_merge_into_one_alternation_and_are_noted() -> None:
+    found = merged(OVERLAPPING_PATTERNS)
+    assert found is not None
+    out, notes = found
+    [(pattern, schema)] = out["patternProperties"].items()
+    assert pattern == "(?:^[ab]$)|(?:a)" and schema == {
+        "allOf": [{"type": "integer"}, {"enum": [1, "a"]}]
+    }
+    assert len(notes) == 1 and notes[0].startswith("patternProperties at /:")
+    assert _valid(out, {"a": 1}) and _valid(OVERLAPPING_PATTERNS, {"b": 2})
+    assert not _valid(out, {"b": 2})  # valid as submitted: "b" matches only the first pattern
+    assert len(OVERLAPPING_PATTERNS["patternProperties"]) == 2  # the input is untouched
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=INSTANCES)
+def test_merged_pattern_properties_accept_only_valid_instances(value: Any) -> None:
+    found = merged(OVERLAPPING_PATTERNS)
+    assert found is not None
+    if _valid(found[0], value):
+        assert _valid(OVERLAPPING_PATTERNS, value), value
+
+
+def test_pattern_properties_are_left_alone_with_one_pattern_or_a_ref_into_them() -> None:
+    assert merged({"patternProperties": {".*": {"type": "integer"}}}) is None
+    referenced = {
+        "patternProperties": {"^a": {"type": "integer"}, "b": {}},
+        "properties": {"c": {"$ref": "#/patternProperties/b"}},
+    }
+    assert merged(referenced) is None

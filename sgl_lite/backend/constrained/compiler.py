@@ -53,6 +53,7 @@ from sgl_lite.backend.constrained.schema.schema_normalize import (
     keyword_path,
     normalize,
 )
+from sgl_lite.backend.constrained.schema.schema_pattern_properties import merged
 from sgl_lite.backend.constrained.schema.schema_regex import schema_to_regex
 from sgl_lite.backend.constrained.vocab import byte_vocabulary, vocabulary_for
 from sgl_lite.backend.omp_threads import use_one_omp_thread
@@ -60,6 +61,8 @@ from sgl_lite.backend.omp_threads import use_one_omp_thread
 GrammarKind = Literal["regex", "json_schema", "ebnf"]
 BACKENDS = ("outlines", "llguidance", "xgrammar", "auto")
 ABANDONED_NICE = 19  # an automaton build "auto" stopped waiting for runs at the lowest priority
+# llguidance's refusal of patternProperties a property name can match two of
+_OVERLAPPING_PATTERNS = "patternProperty regexes"
 MAX_REMEMBERED = 1024  # patterns whose automaton build "auto" gave up on, remembered for good
 # NOTE: by default JSON is laid out exactly as `json.dumps` writes it: ", " and ": " between items
 # and nothing else (xgrammar's `any_whitespace=False`). A model cannot loop on whitespace, and
@@ -181,7 +184,15 @@ class GrammarCompiler:
         pattern = _prepared(kind, pattern, notes)
 
         def llguidance() -> _Plan:
-            return _Plan("llguidance", self._llguidance_source(kind, pattern), tuple(notes))
+            try:
+                return _Plan("llguidance", self._llguidance_source(kind, pattern), tuple(notes))
+            except GrammarError as exc:
+                narrowed = merged(pattern) if _OVERLAPPING_PATTERNS in str(exc) else None
+                if narrowed is None:
+                    raise
+            # NOTE: a sound restriction (schema_pattern_properties), only where it is refused
+            source = self._llguidance_source(kind, narrowed[0])
+            return _Plan("llguidance", source, (*notes, *narrowed[1]))
 
         # a grammar, or "any JSON object" (unbounded nesting), needs a real grammar backend
         if kind == "ebnf" or self.backend == "llguidance" or _any_object(kind, pattern):
