@@ -145,7 +145,7 @@ def objects_apart(a: dict, b: dict, deref: Callable[[Any], Any]) -> bool:
     """Whether no object matches both `a` and `b` (sound, not complete): one requires a property
     the other forbids, or requires more properties than the other's `maxProperties`."""
     for one, other in ((a, b), (b, a)):
-        required = one.get("required") if isinstance(one.get("required"), list) else []
+        required = _list(one.get("required"))
         if any(isinstance(name, str) and forbids(other, name, deref) for name in required):
             return True
         limit = other.get("maxProperties")
@@ -158,8 +158,8 @@ def forbids(schema: dict, name: str, deref: Callable[[Any], Any]) -> bool:
     """Whether an object matching `schema` cannot have the property `name`: its schema there
     is false, or it is left to an `additionalProperties` that is (no `patternProperties`, whose
     patterns might take it)."""
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    if name in props:
+    props = schema.get("properties")
+    if isinstance(props, dict) and name in props:
         target = deref(props[name])
         return target is False or never(target)
     if schema.get("patternProperties"):
@@ -174,16 +174,21 @@ def min_properties(schema: Any, deref: Callable[[Any], Any], depth: int = 0) -> 
     schema = deref(schema)
     if not isinstance(schema, dict) or depth > 8:
         return 0
-    required = schema.get("required") if isinstance(schema.get("required"), list) else []
-    least = schema.get("minProperties") if isinstance(schema.get("minProperties"), int) else 0
-    count = max(len({n for n in required if isinstance(n, str)}), least)
+    least = schema.get("minProperties")
+    count = len({n for n in _list(schema.get("required")) if isinstance(n, str)})
+    count = max(count, least if isinstance(least, int) else 0)
     for key in ("anyOf", "oneOf"):
         branches = schema.get(key)
         if isinstance(branches, list) and branches:
             count = max(count, min(min_properties(b, deref, depth + 1) for b in branches))
-    for part in schema.get("allOf") if isinstance(schema.get("allOf"), list) else ():
+    for part in _list(schema.get("allOf")):
         count = max(count, min_properties(part, deref, depth + 1))
     return count
+
+
+def _list(value: Any) -> list[Any]:
+    """`value` where it is a list, else no items (a malformed keyword constrains nothing here)."""
+    return value if isinstance(value, list) else []
 
 
 def as_objects(branch: Any, types: frozenset[str]) -> dict | None:
