@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from tests.support import NUM_THREADS
 
@@ -68,6 +67,8 @@ def free_port() -> int:
 @contextlib.contextmanager
 def serve(app) -> Iterator[str]:
     """Runs `app` under uvicorn on 127.0.0.1 in a daemon thread; yields its base URL."""
+    import uvicorn  # NOTE: here, as conftest imports this module where no server runs (cuda)
+
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="off")
     )
