@@ -71,9 +71,10 @@ _ARRAY_ONLY = ("uniqueItems", "contains", "minContains", "maxContains", "additio
                "unevaluatedItems")  # fmt: skip
 _OBJECT_ONLY = ("propertyNames", "dependencies", "dependentRequired", "dependentSchemas",
                 "unevaluatedProperties", "patternProperties")  # fmt: skip
+# the keywords whose values are instances, not schemas: never rewritten, never holding a $ref
+DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
 # the keys `_Normalizer.node` walks as keywords; a $ref may still point under any other key
-_WALKED = frozenset({*_SCHEMA_KEYS, *_LIST_KEYS, *_MAP_KEYS, "items", "dependencies", "enum",
-                     "const", "default", "examples"})  # fmt: skip
+_WALKED = frozenset({*_SCHEMA_KEYS, *_LIST_KEYS, *_MAP_KEYS, "items", "dependencies", *DATA_KEYS})
 MAX_DEPENDENCY_KEYS = 4  # the anyOf has up to 2**n branches
 MAX_LITERALS_CHECKED = 64  # an enum's values validated one by one against another oneOf branch
 _SEGMENT = "[A-Za-z0-9._~-]+"  # RFC 3986 unreserved characters, no ':' and no '%'
@@ -146,8 +147,7 @@ class _Normalizer:
         self.root = root
         self.structural = structural
         self.notes = notes if notes is not None else []
-        self.protected: set[tuple[str, ...]] = set()
-        _collect_refs(root, self.protected)
+        self.protected = ref_targets(root)
         self._validator: Any = None  # the root's validator, built at the first `_rejects`
 
     def _referenced(self, path: tuple[str, ...], key: str) -> bool:
@@ -483,6 +483,13 @@ def dependency_branches(deps: dict[str, Any]) -> list[Schema] | None:
     return branches or [False]
 
 
+def ref_targets(schema: Any) -> set[tuple[str, ...]]:
+    """Every local $ref target in `schema`, as a path of keys."""
+    out: set[tuple[str, ...]] = set()
+    _collect_refs(schema, out)
+    return out
+
+
 def _collect_refs(node: Any, out: set[tuple[str, ...]]) -> None:
     """Every local $ref target in `node`, as a path of keys."""
     if isinstance(node, list):
@@ -494,5 +501,5 @@ def _collect_refs(node: Any, out: set[tuple[str, ...]]) -> None:
             parts = unquote(ref[1:]).split("/")[1:]
             out.add(tuple(p.replace("~1", "/").replace("~0", "~") for p in parts))
         for k, v in node.items():
-            if k not in ("enum", "const", "default", "examples"):
+            if k not in DATA_KEYS:
                 _collect_refs(v, out)

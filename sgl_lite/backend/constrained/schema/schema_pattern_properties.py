@@ -12,57 +12,43 @@ from __future__ import annotations
 
 from typing import Any
 
-# the keys whose values are data, not schemas: never rewritten
-_DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
+from sgl_lite.backend.constrained.schema.schema_normalize import DATA_KEYS, pointer, ref_targets
 
 
 def merged(schema: Any) -> tuple[Any, list[str]] | None:
     """(`schema` with every object's two or more `patternProperties` merged into one, the
     `constraint_notes` sentence of each merge); None where no object has two. A `$ref` into a
     `patternProperties` keeps it as it is (its target would move)."""
-    referenced = _refs(schema)
+    referenced = ref_targets(schema)
     notes: list[str] = []
     out = _merge(schema, (), referenced, notes)
     return (out, notes) if notes else None
 
 
-def _merge(node: Any, path: tuple[str, ...], referenced: list[str], notes: list[str]) -> Any:
+def _merge(
+    node: Any, path: tuple[str, ...], referenced: set[tuple[str, ...]], notes: list[str]
+) -> Any:
     if isinstance(node, list):
         return [_merge(v, (*path, str(i)), referenced, notes) for i, v in enumerate(node)]
     if not isinstance(node, dict):
         return node
     out = {
-        k: v if k in _DATA_KEYS else _merge(v, (*path, k), referenced, notes)
+        k: v if k in DATA_KEYS else _merge(v, (*path, k), referenced, notes)
         for k, v in node.items()
     }
     patterns = out.get("patternProperties")
-    where = "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in path)
-    inside = f"#{where.rstrip('/')}/patternProperties"
+    inside = (*path, "patternProperties")
     if (
         isinstance(patterns, dict)
         and len(patterns) > 1
-        and not any(ref == inside or ref.startswith(inside + "/") for ref in referenced)
+        and not any(target[: len(inside)] == inside for target in referenced)
     ):
         # NOTE: patternProperties searches a name (unanchored); so does an alternation
         union = "|".join(f"(?:{p})" for p in patterns)
         out["patternProperties"] = {union: {"allOf": list(patterns.values())}}
         notes.append(
-            f"patternProperties at {where}: a property name matching any of its "
+            f"patternProperties at {pointer(path)}: a property name matching any of its "
             f"{len(patterns)} patterns is written to satisfy all their schemas (a subset of the "
             "valid values)"
         )
     return out
-
-
-def _refs(node: Any) -> list[str]:
-    """Every local `$ref` in `node`."""
-    if isinstance(node, list):
-        return [ref for v in node for ref in _refs(v)]
-    if not isinstance(node, dict):
-        return []
-    own = node.get("$ref")
-    found = [own] if isinstance(own, str) and own.startswith("#") else []
-    for key, value in node.items():
-        if key not in _DATA_KEYS:
-            found += _refs(value)
-    return found
