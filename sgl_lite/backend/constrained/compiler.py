@@ -19,6 +19,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -31,6 +32,13 @@ from sgl_lite.backend.constrained.automaton.cost import index_cost
 from sgl_lite.backend.constrained.automaton.grammar import (
     DEFAULT_MASK_CACHE_STATES,
     CompiledGrammar,
+)
+from sgl_lite.backend.constrained.automaton.index_worker import (
+    BuildStopped,
+    IndexBuildError,
+    IndexJob,
+    IndexWorkers,
+    WorkersUnavailable,
 )
 from sgl_lite.backend.constrained.compile_stats import CompileStats
 from sgl_lite.backend.constrained.matchers.llguidance_backend import (
@@ -79,10 +87,11 @@ class GrammarCompiler:
     constraint and its index is cheap to build (automaton/cost.py estimates that up front), and
     to llguidance otherwise (EBNF, schemas with keywords the automaton refuses, patterns whose
     index would take seconds); an automaton build that fails, or is still running at half the
-    timeout, falls back to llguidance too (the build left behind runs on at nice 19 and is never
-    started again for that pattern). "llguidance" and "xgrammar" send every request to that
-    backend. The automaton cannot
-    express a context-free grammar, so under "outlines" an `ebnf` request goes to llguidance.
+    timeout, falls back to llguidance too (the build left behind runs on at nice 19 until the
+    timeout, and is never started again for that pattern). Automaton indexes are built in child
+    processes (automaton/index_worker.py), so no build outlives the timeout. "llguidance" and
+    "xgrammar" send every request to that backend. The automaton cannot express a context-free
+    grammar, so under "outlines" an `ebnf` request goes to llguidance.
     """
 
     def __init__(
@@ -117,6 +126,8 @@ class GrammarCompiler:
         self._no_automaton: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = CompileStats()  # every build's duration, for /metrics
+        self.index_workers = IndexWorkers((self.vocab.index_vocab, byte_vocabulary()))
+        weakref.finalize(self, self.index_workers.close)
         if backend == "auto":
             # NOTE: llguidance's view of the tokenizer takes seconds to build (more on a loaded
             # machine); built now, off the caller's thread, a fallback at half the timeout
@@ -257,11 +268,11 @@ class GrammarCompiler:
         Invalid patterns give an already-failed future (call `validate` to fail fast at
         submission). A build longer than `timeout_s` fails the future with GrammarError.
         Under "auto" an automaton build that fails, or runs past half of `timeout_s`, is
-        replaced by llguidance's build of the same pattern; the abandoned build cannot be
-        stopped, so it goes on at nice 19 and, should it succeed, its grammar replaces the
-        cache entry (the exact budget rule for later requests). NOTE: a timed-out build goes on
-        on its daemon thread too; later submissions of the same pattern get the same failed
-        future until it ends; then its late result replaces the cache entry.
+        replaced by llguidance's build of the same pattern; the abandoned build goes on at
+        nice 19 until the timeout and, should it succeed by then, its grammar replaces the cache
+        entry (the exact budget rule for later requests). An automaton build still running at
+        the timeout is stopped (its worker process killed); later submissions of the pattern
+        get the same failed future while it stays cached.
         """
         try:
             found = self._plan_of(kind, pattern)
@@ -309,7 +320,11 @@ class GrammarCompiler:
         if skip:  # an earlier build of it failed or was abandoned: never build it again
             self._build_fallback(build)
             return
-        outcome = self._attempt(*build.key)
+        outcome = self._attempt(*build.key, build=build)
+        if isinstance(outcome, _Stopped):  # at the timeout, which failed or served the future
+            with self._lock:
+                build.running -= 1
+            return
         if isinstance(outcome, GrammarError) and build.fallback is not None:
             with self._lock:
                 self._give_up_automaton(build.key[1])
@@ -319,12 +334,14 @@ class GrammarCompiler:
                 return
         self._settle(build, outcome, automaton=True)
 
-    def _attempt(self, backend: str, source: str) -> Grammar | GrammarError:
+    def _attempt(
+        self, backend: str, source: str, build: _Build | None = None
+    ) -> Grammar | GrammarError:
         """One build, timed into `stats`; its GrammarError (or any error, as one) returned."""
         started = time.perf_counter()
         outcome: Grammar | GrammarError
         try:
-            outcome = self._build_grammar(backend, source)
+            outcome = self._build_grammar(backend, source, build)
         except GrammarError as exc:
             outcome = exc
         except Exception as exc:
@@ -341,8 +358,10 @@ class GrammarCompiler:
             build.abandoned = True
             build.running += 1  # the fallback's attempt beside the automaton's
             self._give_up_automaton(build.key[1])
-            tid = build.tid
-        if tid is not None:
+            tid, job = build.tid, build.job
+        if job is not None:
+            job.lower_priority(ABANDONED_NICE)
+        elif tid is not None:
             _lower_priority(tid)
         threading.Thread(
             target=self._build_fallback, args=(build,), name="grammar-fallback", daemon=True
@@ -398,13 +417,12 @@ class GrammarCompiler:
         while len(self._no_automaton) > MAX_REMEMBERED:
             self._no_automaton.popitem(last=False)
 
-    def _build_grammar(self, backend: str, regex: str) -> Grammar:
+    def _build_grammar(self, backend: str, regex: str, build: _Build | None = None) -> Grammar:
         if backend == "llguidance":
             return LLGrammar(regex, self.tokenizer, self.vocab.size, self.vocab.eos_token_id)
         if backend == "xgrammar":
             return XGGrammar(regex, self.tokenizer, self.vocab)
-        index = Index(regex, self.vocab.index_vocab)
-        byte_index = Index(regex, byte_vocabulary())
+        index, byte_index = self._indexes(regex, build)
         grammar = CompiledGrammar(
             regex, index, byte_index, self.vocab, mask_cache_states=self.mask_cache_states
         )
@@ -413,6 +431,39 @@ class GrammarCompiler:
         if grammar.num_allowed(start) == 0 and not grammar.is_accepting(start):
             raise GrammarError("the pattern matches no text this tokenizer can produce")
         return grammar
+
+    def _indexes(self, regex: str, build: _Build | None) -> tuple[Index, Index]:
+        """The automaton's indexes of `regex` over the vocabulary and over bytes, built in a
+        worker process that is killed at the timeout (_Stopped then), or in this thread where
+        no worker can start."""
+        try:
+            job = self.index_workers.start(regex)
+        except WorkersUnavailable:
+            return Index(regex, self.vocab.index_vocab), Index(regex, byte_vocabulary())
+        if build is not None:
+            with self._lock:
+                build.job = job
+                abandoned = build.abandoned
+            if abandoned:
+                job.lower_priority(ABANDONED_NICE)
+        deadline = threading.Timer(self.timeout_s, job.stop)
+        deadline.daemon = True
+        deadline.start()
+        try:
+            index, byte_index = job.result()
+        except IndexBuildError as exc:
+            raise GrammarError(f"cannot compile the pattern into an automaton: {exc}") from None
+        except BuildStopped as exc:
+            if exc.stopped:
+                raise _Stopped(str(exc)) from None
+            raise GrammarError(f"cannot compile the pattern into an automaton: {exc}") from None
+        finally:
+            deadline.cancel()
+        return index, byte_index
+
+    def close(self) -> None:
+        """Lets the idle index workers go (builds in flight end on their own)."""
+        self.index_workers.close()
 
     def _expire(self, kind: str, future: Future[Grammar]) -> None:
         with self._lock:
@@ -430,6 +481,11 @@ class GrammarCompiler:
             self._cache.popitem(last=False)
 
 
+class _Stopped(GrammarError):
+    """An automaton build stopped at the timeout (the timeout's own error, or the fallback,
+    settles its future)."""
+
+
 class _Plan(NamedTuple):
     """What validation decided for one pattern: the backend, the source it compiles, the notes
     for the response, and (auto, automaton) the prepared pattern llguidance builds instead if
@@ -442,8 +498,9 @@ class _Plan(NamedTuple):
 
 
 class _Build:
-    """One build in flight: its key and shared future, the worker's thread id (for its
-    priority), whether "auto" stopped waiting for the automaton, how many attempts still run."""
+    """One build in flight: its key and shared future, the worker's thread id and index job
+    (for their priority), whether "auto" stopped waiting for the automaton, how many attempts
+    still run."""
 
     def __init__(
         self,
@@ -458,6 +515,7 @@ class _Build:
         self.fallback = fallback
         self.timers: list[threading.Timer] = []
         self.tid: int | None = None
+        self.job: IndexJob | None = None  # the automaton's build in a worker process
         self.abandoned = False
         self.running = 1  # the worker; the fallback thread of an abandoned build adds one
 

@@ -300,6 +300,7 @@ class Engine:
         error = EngineError("engine shut down")
         self._abort_all(FinishReason.abort(str(error), error))
         self.masks.shutdown()
+        self.builder.close()
 
     def _abort_all(self, reason: FinishReason) -> int:
         reqs = list(self._reqs.values())

@@ -67,6 +67,11 @@ class RequestBuilder:
         first constrained request built the compiler."""
         return None if self._compiler is None else self._compiler.stats.snapshot()
 
+    def close(self) -> None:
+        """Lets the grammar compiler's idle index worker processes go (engine shutdown)."""
+        if self._compiler is not None:
+            self._compiler.close()
+
     def max_new_tokens_room(self, prompt_len: int) -> int:
         """The most new tokens a prompt of `prompt_len` tokens may ask for."""
         return max(min(self.context_length, self.pool_size - 1) - prompt_len, 0)
