@@ -45,22 +45,12 @@ import jsonschema
 from sgl_lite.backend.constrained.regex_check import GrammarError
 from sgl_lite.backend.constrained.schema.formats import KNOWN_FORMATS
 from sgl_lite.backend.constrained.schema.schema_merge import (
-    ALL_TYPES,
     ANNOTATIONS,
     Schema,
     declared_types,
     merge_all,
-    resolve_ref,
 )
-from sgl_lite.backend.constrained.schema.schema_one_of import (
-    as_objects,
-    discriminated,
-    discriminated_note,
-    exclusive_required,
-    never,
-    objects_apart,
-    value_set,
-)
+from sgl_lite.backend.constrained.schema.schema_one_of import OneOfRewriter, never
 
 _SCHEMA_KEYS = ("additionalItems", "contains", "additionalProperties", "propertyNames", "not",
                 "if", "then", "else", "unevaluatedItems", "unevaluatedProperties")  # fmt: skip
@@ -76,7 +66,6 @@ DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
 # the keys `_Normalizer.node` walks as keywords; a $ref may still point under any other key
 _WALKED = frozenset({*_SCHEMA_KEYS, *_LIST_KEYS, *_MAP_KEYS, "items", "dependencies", *DATA_KEYS})
 MAX_DEPENDENCY_KEYS = 4  # the anyOf has up to 2**n branches
-MAX_LITERALS_CHECKED = 64  # an enum's values validated one by one against another oneOf branch
 _SEGMENT = "[A-Za-z0-9._~-]+"  # RFC 3986 unreserved characters, no ':' and no '%'
 # NOTE: a relative or absolute path reference ("a/b", "/a/b/"): never "//", so never an
 # authority, and no ':', so never a scheme. Absolute URIs are left out: their bounded pattern
@@ -148,7 +137,7 @@ class _Normalizer:
         self.structural = structural
         self.notes = notes if notes is not None else []
         self.protected = ref_targets(root)
-        self._validator: Any = None  # the root's validator, built at the first `_rejects`
+        self.one_of = OneOfRewriter(root, self.notes)
 
     def _referenced(self, path: tuple[str, ...], key: str) -> bool:
         """Whether some $ref points at or inside `path/key` (so it must keep its place)."""
@@ -208,7 +197,7 @@ class _Normalizer:
             )
         if not self.structural:
             return node
-        types = self.possible_types(node, 0)
+        types = self.one_of.possible_types(node, 0)
         for key in (*_ARRAY_ONLY, *_OBJECT_ONLY):
             kind = "array" if key in _ARRAY_ONLY else "object"
             if key in node and kind not in types and not self._referenced(path, key):
@@ -278,63 +267,12 @@ class _Normalizer:
         branches = node.get("oneOf")
         if not isinstance(branches, list) or not branches or self._referenced(path, "oneOf"):
             return
-        resolved = [self.deref(b) for b in branches]
-        within = declared_types(node)  # the node's own `type` already rules out the rest
-        apart = [
-            all(self.disjoint(a, b, within) for j, b in enumerate(resolved) if j != i)
-            for i, a in enumerate(resolved)
-        ]
-        if all(apart):
-            new: list[Schema] | None = branches
-        else:
-            new = exclusive_required(resolved)
-        found = None if new is not None else discriminated(resolved, self.deref, within)
-        if found is not None:
-            new = found[1]  # NOTE: a sound restriction, like the branch cut below
-            self.notes.append(discriminated_note(pointer(path), found[0]))
-        if new is None:
-            new = self._apart_branches(branches, resolved, apart, within, path)
+        # NOTE: the node's own `type` already rules out the rest
+        new = self.one_of.rewrite(branches, declared_types(node), pointer(path))
         if new is None:
             return
         del node["oneOf"]
         self._add_any_of(node, new)
-
-    def _apart_branches(
-        self,
-        branches: list[Any],
-        resolved: list[Any],
-        apart: list[bool],
-        within: frozenset[str],
-        path: tuple[str, ...],
-    ) -> list[Schema] | None:
-        """A sound restriction of a `oneOf` whose branches may overlap: the branches disjoint
-        from every other one (a value of one matches exactly one branch), an untyped branch
-        that only constrains objects written as objects where that makes it disjoint (see
-        `as_objects`); None where no branch is."""
-        written: list[Any] = [b if ok else None for b, ok in zip(branches, apart)]
-        narrowed = []
-        if not within <= {"object"}:
-            for i, branch in enumerate(resolved):
-                objects = None if apart[i] else as_objects(branch, self.possible_types(branch, 0))
-                others = (b for j, b in enumerate(resolved) if j != i)
-                if objects is not None and all(self.disjoint(objects, b, within) for b in others):
-                    written[i] = objects
-                    narrowed.append(str(i))
-        if all(b is None for b in written):
-            return None
-        dropped = [str(i) for i, b in enumerate(written) if b is None]
-        parts = []
-        if narrowed:  # NOTE: a non-object matches such a branch unchecked, so others too
-            parts.append(f"branches {', '.join(narrowed)} are written as objects only")
-        if dropped:
-            parts.append(
-                f"branches {', '.join(dropped)} may match one value together with another, so "
-                "they are not written"
-            )
-        self.notes.append(
-            f"oneOf at {pointer(path)}: {'; '.join(parts)} (a subset of the valid values)"
-        )
-        return [b for b in written if b is not None]
 
     @staticmethod
     def _add_any_of(node: dict, branches: list[Schema]) -> None:
@@ -343,77 +281,6 @@ class _Normalizer:
             node["anyOf"] = branches
         else:
             node["allOf"] = [*node.get("allOf", []), {"anyOf": branches}]
-
-    # -- analysis --------------------------------------------------------------------------
-
-    def deref(self, schema: Any, hops: int = 0) -> Any:
-        """A bare local `$ref` followed to its target (a few hops at most); else unchanged."""
-        while (
-            isinstance(schema, dict)
-            and set(schema) - ANNOTATIONS == {"$ref"}
-            and hops < 8
-            and isinstance(schema["$ref"], str)
-            and schema["$ref"].startswith("#")
-        ):
-            try:
-                schema, _ = resolve_ref(self.root, schema["$ref"], "")
-            except GrammarError:
-                return schema
-            hops += 1
-        return schema
-
-    def possible_types(self, schema: Any, depth: int) -> frozenset[str]:
-        """A superset of the JSON types an instance of `schema` can have."""
-        schema = self.deref(schema)
-        if not isinstance(schema, dict) or "$ref" in schema:
-            return ALL_TYPES if schema is not False else frozenset()
-        types = declared_types(schema)
-        if depth > 8:
-            return types
-        for key in ("anyOf", "oneOf"):
-            if isinstance(schema.get(key), list):
-                union: frozenset[str] = frozenset()
-                for branch in schema[key]:
-                    union |= self.possible_types(branch, depth + 1)
-                types &= union
-        for part in schema.get("allOf") or ():
-            types &= self.possible_types(part, depth + 1)
-        return types
-
-    def disjoint(self, a: Any, b: Any, within: frozenset[str] = ALL_TYPES) -> bool:
-        """Whether no instance of a type in `within` matches both (sound, not complete)."""
-        types = self.possible_types(a, 0) & self.possible_types(b, 0) & within
-        if not types:
-            return True
-        la, lb = value_set(a), value_set(b)
-        if la is not None and lb is not None and not la & lb:
-            return True
-        if (la is not None and self._rejects(b, la)) or (lb is not None and self._rejects(a, lb)):
-            return True
-        # NOTE: a discriminator separates objects only: `required` holds for any non-object
-        if types <= {"object"} and isinstance(a, dict) and isinstance(b, dict):
-            pa, pb = a.get("properties") or {}, b.get("properties") or {}
-            common = set(a.get("required") or ()) & set(b.get("required") or ())
-            for name in common & set(pa) & set(pb):
-                la, lb = value_set(self.deref(pa[name])), value_set(self.deref(pb[name]))
-                if la is not None and lb is not None and not la & lb:
-                    return True
-            return objects_apart(a, b, self.deref)
-        return False
-
-    def _rejects(self, schema: Any, literals: set[str]) -> bool:
-        """Whether `schema` (its `$ref`s read in the root) accepts none of `literals` (canonical
-        JSON), by the validator itself; False where it cannot tell. Formats are not checked:
-        accepting more only makes this answer False more often."""
-        if len(literals) > MAX_LITERALS_CHECKED:
-            return False
-        if self._validator is None:
-            self._validator = jsonschema.validators.validator_for(self.root)(self.root)
-        try:
-            check = self._validator.evolve(schema=schema)
-            return not any(check.is_valid(json.loads(value)) for value in literals)
-        except Exception:  # NOTE: an invalid or unresolvable sub-schema: cannot tell
-            return False
 
 
 def keyword_path(

@@ -1,5 +1,7 @@
 """The `oneOf` rewrites schema_normalize applies (branches made provably exclusive, so they can
-be written as an `anyOf`), and the absent-property schema they and it use:
+be written as an `anyOf`), and the absent-property schema they and it use. `OneOfRewriter`
+holds them for one root schema, beside the analysis they rest on (bare `$ref`s followed, the
+types a sub-schema allows, `disjoint`: no instance matches both, sound and not complete):
 
 - `exclusive_required`: a `oneOf` of bare `required` lists, exactly (see its docstring);
 - `never`: a schema with `not: {}` or `not: true` accepts nothing (exact: it is `false`, so
@@ -12,7 +14,7 @@ be written as an `anyOf`), and the absent-property schema they and it use:
   the property also required (and the branch an object), a value matching branch i carries
   one of i's literals, which every other branch refuses: it matches exactly one branch, as
   `oneOf` asks, and the branches can be written as an `anyOf`;
-- `value_set`, `objects_apart` and `as_objects`: what schema_normalize's disjointness test reads
+- `value_set`, `objects_apart` and `as_objects`: what the disjointness test reads
   beyond types and literals (an anchored literal `pattern` as the one string it allows; a
   property one branch requires and the other forbids; more required properties than the other
   allows) and the restriction of an untyped branch that only constrains objects to objects
@@ -26,7 +28,17 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from sgl_lite.backend.constrained.schema.schema_merge import ANNOTATIONS, Schema, literal_set
+import jsonschema
+
+from sgl_lite.backend.constrained.regex_check import GrammarError
+from sgl_lite.backend.constrained.schema.schema_merge import (
+    ALL_TYPES,
+    ANNOTATIONS,
+    Schema,
+    declared_types,
+    literal_set,
+    resolve_ref,
+)
 
 # NOTE: text in which no character is a regex metacharacter matches only itself
 _ANCHORED_LITERAL = re.compile(r"\^([A-Za-z0-9_ /:@,-]*)\$")
@@ -39,6 +51,7 @@ _OTHER_TYPE_KEYWORDS = frozenset({"items", "prefixItems", "additionalItems", "co
                                   "maxLength", "pattern", "format", "minimum", "maximum",
                                   "exclusiveMinimum", "exclusiveMaximum",
                                   "multipleOf"})  # fmt: skip
+MAX_LITERALS_CHECKED = 64  # an enum's values validated one by one against another oneOf branch
 
 
 def never(schema: Any) -> bool:
@@ -207,3 +220,143 @@ def as_objects(branch: Any, types: frozenset[str]) -> dict | None:
     if "$ref" in branch:
         return {"type": "object", "allOf": [branch]}
     return {**branch, "type": "object"}
+
+
+class OneOfRewriter:
+    """The `oneOf` rewrites for one root schema, and the analysis they rest on: bare `$ref`s
+    followed in the root, the types a sub-schema allows, provable disjointness of two
+    sub-schemas. Each restriction it makes appends its sentence to `notes`."""
+
+    def __init__(self, root: dict, notes: list[str]) -> None:
+        self.root = root
+        self.notes = notes
+        self._validator: Any = None  # the root's validator, built at the first `_rejects`
+
+    def rewrite(
+        self, branches: list[Any], within: frozenset[str], where: str
+    ) -> list[Schema] | None:
+        """The branches of an `anyOf` to write for `oneOf: branches` (at `where`, under a node
+        whose own `type` allows `within`): the branches as they are where they provably exclude
+        each other, else a rewrite or a sound restriction; None where none applies."""
+        resolved = [self.deref(b) for b in branches]
+        apart = [
+            all(self.disjoint(a, b, within) for j, b in enumerate(resolved) if j != i)
+            for i, a in enumerate(resolved)
+        ]
+        if all(apart):
+            new: list[Schema] | None = branches
+        else:
+            new = exclusive_required(resolved)
+        found = None if new is not None else discriminated(resolved, self.deref, within)
+        if found is not None:
+            new = found[1]  # NOTE: a sound restriction, like the branch cut below
+            self.notes.append(discriminated_note(where, found[0]))
+        if new is None:
+            new = self._apart_branches(branches, resolved, apart, within, where)
+        return new
+
+    def _apart_branches(
+        self,
+        branches: list[Any],
+        resolved: list[Any],
+        apart: list[bool],
+        within: frozenset[str],
+        where: str,
+    ) -> list[Schema] | None:
+        """A sound restriction of a `oneOf` whose branches may overlap: the branches disjoint
+        from every other one (a value of one matches exactly one branch), an untyped branch
+        that only constrains objects written as objects where that makes it disjoint (see
+        `as_objects`); None where no branch is."""
+        written: list[Any] = [b if ok else None for b, ok in zip(branches, apart)]
+        narrowed = []
+        if not within <= {"object"}:
+            for i, branch in enumerate(resolved):
+                objects = None if apart[i] else as_objects(branch, self.possible_types(branch, 0))
+                others = (b for j, b in enumerate(resolved) if j != i)
+                if objects is not None and all(self.disjoint(objects, b, within) for b in others):
+                    written[i] = objects
+                    narrowed.append(str(i))
+        if all(b is None for b in written):
+            return None
+        dropped = [str(i) for i, b in enumerate(written) if b is None]
+        parts = []
+        if narrowed:  # NOTE: a non-object matches such a branch unchecked, so others too
+            parts.append(f"branches {', '.join(narrowed)} are written as objects only")
+        if dropped:
+            parts.append(
+                f"branches {', '.join(dropped)} may match one value together with another, so "
+                "they are not written"
+            )
+        self.notes.append(f"oneOf at {where}: {'; '.join(parts)} (a subset of the valid values)")
+        return [b for b in written if b is not None]
+
+    # -- analysis --------------------------------------------------------------------------
+
+    def deref(self, schema: Any, hops: int = 0) -> Any:
+        """A bare local `$ref` followed to its target (a few hops at most); else unchanged."""
+        while (
+            isinstance(schema, dict)
+            and set(schema) - ANNOTATIONS == {"$ref"}
+            and hops < 8
+            and isinstance(schema["$ref"], str)
+            and schema["$ref"].startswith("#")
+        ):
+            try:
+                schema, _ = resolve_ref(self.root, schema["$ref"], "")
+            except GrammarError:
+                return schema
+            hops += 1
+        return schema
+
+    def possible_types(self, schema: Any, depth: int) -> frozenset[str]:
+        """A superset of the JSON types an instance of `schema` can have."""
+        schema = self.deref(schema)
+        if not isinstance(schema, dict) or "$ref" in schema:
+            return ALL_TYPES if schema is not False else frozenset()
+        types = declared_types(schema)
+        if depth > 8:
+            return types
+        for key in ("anyOf", "oneOf"):
+            if isinstance(schema.get(key), list):
+                union: frozenset[str] = frozenset()
+                for branch in schema[key]:
+                    union |= self.possible_types(branch, depth + 1)
+                types &= union
+        for part in schema.get("allOf") or ():
+            types &= self.possible_types(part, depth + 1)
+        return types
+
+    def disjoint(self, a: Any, b: Any, within: frozenset[str] = ALL_TYPES) -> bool:
+        """Whether no instance of a type in `within` matches both (sound, not complete)."""
+        types = self.possible_types(a, 0) & self.possible_types(b, 0) & within
+        if not types:
+            return True
+        la, lb = value_set(a), value_set(b)
+        if la is not None and lb is not None and not la & lb:
+            return True
+        if (la is not None and self._rejects(b, la)) or (lb is not None and self._rejects(a, lb)):
+            return True
+        # NOTE: a discriminator separates objects only: `required` holds for any non-object
+        if types <= {"object"} and isinstance(a, dict) and isinstance(b, dict):
+            pa, pb = a.get("properties") or {}, b.get("properties") or {}
+            common = set(a.get("required") or ()) & set(b.get("required") or ())
+            for name in common & set(pa) & set(pb):
+                la, lb = value_set(self.deref(pa[name])), value_set(self.deref(pb[name]))
+                if la is not None and lb is not None and not la & lb:
+                    return True
+            return objects_apart(a, b, self.deref)
+        return False
+
+    def _rejects(self, schema: Any, literals: set[str]) -> bool:
+        """Whether `schema` (its `$ref`s read in the root) accepts none of `literals` (canonical
+        JSON), by the validator itself; False where it cannot tell. Formats are not checked:
+        accepting more only makes this answer False more often."""
+        if len(literals) > MAX_LITERALS_CHECKED:
+            return False
+        if self._validator is None:
+            self._validator = jsonschema.validators.validator_for(self.root)(self.root)
+        try:
+            check = self._validator.evolve(schema=schema)
+            return not any(check.is_valid(json.loads(value)) for value in literals)
+        except Exception:  # NOTE: an invalid or unresolvable sub-schema: cannot tell
+            return False
