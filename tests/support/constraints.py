@@ -78,6 +78,27 @@ ENFORCED = {
     "type_list": {"type": ["integer", "null"], "minimum": -2, "maximum": 2},
     "comment_tree": COMMENT_TREE,
     "true_items": {"type": "array", "items": True, "maxItems": 3},
+    # Github_trivial/o91408: `body` or `bodyValue`, never both (schema_normalize's `not` rewrite)
+    "negated_presence": {
+        "type": "object",
+        "properties": {"body": {"type": "string"}, "bodyValue": {"type": "integer"}},
+        "required": ["body"],
+        "not": {"required": ["body", "bodyValue"]},
+    },
+    # Github_ultra/o17072: branches told apart by `type`, one's target negating a presence
+    "negated_presence_in_a_discriminated_one_of": {
+        "type": "object",
+        "properties": {"m": {"oneOf": [{"$ref": "#/$defs/add"}, {"$ref": "#/$defs/cut"}]}},
+        "required": ["m"],
+        "$defs": {
+            "add": {
+                "type": "object",
+                "properties": {"type": {"const": "add"}, "x": {"type": "integer"}},
+                "not": {"allOf": [{"required": ["type"]}, {"required": ["x"]}]},
+            },
+            "cut": {"type": "object", "properties": {"type": {"const": "cut"}}},
+        },
+    },
 }
 # Schemas the model-free decode loops validate against (decode, guide, budget tests).
 W3_SCHEMA = {

@@ -185,6 +185,26 @@ REWRITTEN: dict[str, tuple[dict, list[Any]]] = {  # schema, hand-picked instance
     ),
 }
 
+# Github_trivial/o91408, Github_ultra/o65673 and o17072: `not` of property presence
+REWRITTEN["not required: an object lacking one of the names"] = (
+    {"properties": {"a": {"type": "integer"}}, "not": {"required": ["a", "b"]}},
+    [{}, {"a": 1}, {"a": 1, "b": 2}, {"b": None}, {"a": "x"}, "a", None, []],
+)
+REWRITTEN["not allOf of required lists"] = (
+    {"not": {"allOf": [{"required": ["a"]}, {"required": ["b"], "title": "t"}]}},
+    [{}, {"a": 1}, {"a": 1, "b": 1}, {"b": 1, "c": 1}, 1],
+)
+REWRITTEN["not anyOf of presences: each one absent"] = (
+    {
+        "type": "object",
+        "not": {
+            "anyOf": [{"required": ["a"]}, {"allOf": [{"required": ["b"]}, {"required": ["c"]}]}]
+        },
+        "anyOf": [{"required": ["k"]}, {"required": ["x"]}],
+    },
+    [{"k": 1}, {"k": 1, "a": 1}, {"x": 1, "b": 1}, {"x": 1, "b": 1, "c": 1}, {"b": 1, "c": 1}],
+)
+
 UNCHANGED = {
     "overlapping oneOf": {"oneOf": [{"type": "integer"}, {"type": "number"}]},
     "not: {} at the root (the backends want an object there)": {"not": {}},
@@ -220,6 +240,9 @@ UNCHANGED = {
             {"additionalProperties": False, "patternProperties": {"^a": {}}},
         ]
     },
+    "not of more than presence": {"not": {"required": ["a"], "type": "object"}},
+    "not of an empty required list (always holds)": {"not": {"required": []}},
+    "a $ref into the not": {"properties": {"a": {"$ref": "#/not"}}, "not": {"required": ["a"]}},
     "one name under two dependency keywords": {
         "dependentRequired": {"a": ["b"]},
         "dependentSchemas": {"a": {"required": ["c"]}},
@@ -251,6 +274,15 @@ def test_each_rewrite_applies_and_keeps_the_hand_picked_verdicts(name: str) -> N
 def test_each_rewrite_is_exact_on_generated_instances(name: str, instance: Any) -> None:
     schema, _ = REWRITTEN[name]
     assert _valid(schema, instance) == _valid(normalize(schema), instance)
+
+
+@pytest.mark.parametrize("name", [name for name in REWRITTEN if name.startswith("not ")])
+def test_a_negated_presence_leaves_no_not(name: str) -> None:
+    after = normalize(REWRITTEN[name][0])
+    assert '"not"' not in json.dumps(after)
+    branches = [*after["anyOf"], *(b for part in after.get("allOf", ()) for b in part["anyOf"])]
+    absent = [b for b in branches if "properties" in b]
+    assert absent and all(b["type"] == "object" for b in absent)  # a non-object fails `not`
 
 
 @pytest.mark.parametrize("name", list(UNCHANGED))

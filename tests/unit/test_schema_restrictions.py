@@ -92,6 +92,28 @@ RESTRICTED["oneOf with a literal property no branch requires, as an object"] = (
     [{"n": 1, "a": 1}],
 )
 
+# Github_ultra/o17072: the discriminated branches are copies of $ref targets, rewritten as the
+# targets are (here the `not` of a presence, which no backend takes as written)
+RESTRICTED["oneOf with a literal property no branch requires, over $refs"] = (
+    {
+        "type": "object",
+        "oneOf": [{"$ref": "#/$defs/s"}, {"$ref": "#/$defs/t"}],
+        "$defs": {
+            "s": {"properties": {"k": {"const": "a"}}, "not": {"required": ["n"]}},
+            "t": {"properties": {"k": {"const": "b"}, "n": {"type": "integer"}}},
+        },
+    },
+    [{"k": "a", "b": 1}, {"k": "b", "n": 1}],
+    [{"n": 1}],  # no `k`: only branch t matches as submitted
+)
+
+
+def test_branches_copied_from_ref_targets_are_rewritten_too() -> None:
+    schema = RESTRICTED["oneOf with a literal property no branch requires, over $refs"][0]
+    out = normalize(schema)
+    assert '"not"' not in json.dumps(out["anyOf"])
+    assert "not" in schema["$defs"]["s"]  # the input is not modified
+
 
 def _valid(schema: Any, value: Any) -> bool:
     return jsonschema.validators.validator_for(schema)(schema).is_valid(value)

@@ -10,6 +10,9 @@ restrictions listed below:
   (`properties: {k: false}`);
 - `dependencies` / `dependentRequired` / `dependentSchemas` become an `anyOf` over which of the
   trigger keys are present (absent: `properties: {k: false}`);
+- `not` of property presence (`not: {required: [a, b]}`, an `allOf` of such, an `anyOf` of
+  such) becomes an object lacking one of them (an `anyOf` of absent-property branches), one
+  such `anyOf` per `anyOf` branch negated (see `negated_presence`);
 - `propertyNames: {pattern: P}` on an object that lists no properties is
   `patternProperties: {P: <additionalProperties>}, additionalProperties: false`;
 - a keyword that only constrains a type the node cannot have (`uniqueItems` beside
@@ -65,6 +68,7 @@ _OBJECT_ONLY = ("propertyNames", "dependencies", "dependentRequired", "dependent
 DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
 # the keys `_Normalizer.node` walks as keywords; a $ref may still point under any other key
 _WALKED = frozenset({*_SCHEMA_KEYS, *_LIST_KEYS, *_MAP_KEYS, "items", "dependencies", *DATA_KEYS})
+MAX_INLINED = 3  # oneOf branches copied from $ref targets rewritten within one another
 MAX_DEPENDENCY_KEYS = 4  # the anyOf has up to 2**n branches
 _SEGMENT = "[A-Za-z0-9._~-]+"  # RFC 3986 unreserved characters, no ':' and no '%'
 # NOTE: a relative or absolute path reference ("a/b", "/a/b/"): never "//", so never an
@@ -138,6 +142,7 @@ class _Normalizer:
         self.notes = notes if notes is not None else []
         self.protected = ref_targets(root)
         self.one_of = OneOfRewriter(root, self.notes)
+        self._inlined = 0  # oneOf branches copied from $ref targets being rewritten, nested
 
     def _referenced(self, path: tuple[str, ...], key: str) -> bool:
         """Whether some $ref points at or inside `path/key` (so it must keep its place)."""
@@ -222,6 +227,7 @@ class _Normalizer:
             del node["propertyNames"]
         self._property_names(node, path)
         self._dependencies(node, path)
+        self._not(node, path)
         self._one_of(node, path)
         fmt = node.get("format")
         if isinstance(fmt, str) and fmt in EXTRA_FORMATS and "pattern" not in node:
@@ -263,6 +269,16 @@ class _Normalizer:
             del node[key]
         self._add_any_of(node, branches)
 
+    def _not(self, node: dict, path: tuple[str, ...]) -> None:
+        if "not" not in node or self._referenced(path, "not"):
+            return
+        conjuncts = negated_presence(node["not"])
+        if conjuncts is None:
+            return
+        del node["not"]
+        for branches in conjuncts:
+            self._add_any_of(node, branches)
+
     def _one_of(self, node: dict, path: tuple[str, ...]) -> None:
         branches = node.get("oneOf")
         if not isinstance(branches, list) or not branches or self._referenced(path, "oneOf"):
@@ -272,6 +288,17 @@ class _Normalizer:
         if new is None:
             return
         del node["oneOf"]
+        # NOTE: a branch the rewrite made from a $ref's target copies the target as submitted;
+        # it is rewritten here like the target itself (a few copies deep: a recursive schema
+        # would inline itself for ever)
+        walked = {id(b) for b in branches}
+        if self._inlined < MAX_INLINED:
+            self._inlined += 1
+            new = [
+                b if id(b) in walked else self.node(b, (*path, "oneOf", str(i)))
+                for i, b in enumerate(new)
+            ]
+            self._inlined -= 1
         self._add_any_of(node, new)
 
     @staticmethod
@@ -348,6 +375,49 @@ def dependency_branches(deps: dict[str, Any]) -> list[Schema] | None:
             if merged is not False:
                 branches.append(merged)
     return branches or [False]
+
+
+def negated_presence(negated: Any) -> list[list[Schema]] | None:
+    """`not: negated` as a conjunction of anyOfs (their branch lists), where `negated` only
+    says which properties are present: `{required: P}` or an `allOf` of such (all of P
+    present), or an `anyOf` of those. Each anyOf is "an object lacking one name of P"; a
+    non-object satisfies every `required`, so fails the `not`, and every branch is an object.
+    None where `negated` says anything else (or nothing: `required: []` always holds)."""
+    alternatives = _only(negated, "anyOf")
+    groups = [_present(a) for a in (alternatives if alternatives is not None else [negated])]
+    if not groups or any(not names for names in groups):
+        return None
+    return [
+        [
+            {"type": "object", "properties": {name: False}, "additionalProperties": True}
+            for name in names
+        ]
+        for names in groups
+        if names is not None
+    ]
+
+
+def _present(schema: Any) -> list[str] | None:
+    """The property names whose presence is all `schema` says (`required`, or an `allOf` of
+    such), in order; None where it says anything else."""
+    if isinstance(schema, dict) and set(schema) - ANNOTATIONS == {"required"}:
+        names = schema["required"]
+        return list(dict.fromkeys(names)) if all(isinstance(n, str) for n in names) else None
+    parts = _only(schema, "allOf")
+    if not parts:
+        return None
+    found = [_present(p) for p in parts]
+    if any(f is None for f in found):
+        return None
+    return list(dict.fromkeys(name for names in found if names is not None for name in names))
+
+
+def _only(schema: Any, keyword: str) -> list[Any] | None:
+    """`schema[keyword]` where it is a list and all `schema` says besides annotations."""
+    if not isinstance(schema, dict) or set(schema) - ANNOTATIONS != {keyword}:
+        return None
+    value = schema[keyword]
+    return value if isinstance(value, list) else None
 
 
 def ref_targets(schema: Any) -> set[tuple[str, ...]]:
