@@ -56,7 +56,7 @@ SLOW = r"[\w\d\s]{0,200}"  # its index takes minutes (Unicode classes, a long bo
 
 def _failing_automaton(compiler: GrammarCompiler) -> Any:
     """A `_build_grammar` whose automaton builds fail; llguidance builds run as they are."""
-    real = compiler._build_grammar
+    real = compiler.builds._build_grammar
 
     def build(backend: str, source: str, *rest: Any) -> Any:
         if backend == "outlines":
@@ -85,7 +85,7 @@ def _job_pid(compiler: GrammarCompiler, started: list[int]) -> None:
         started.append(job.pid)
         return job
 
-    compiler.index_workers.start = start  # type: ignore[method-assign]
+    compiler.builds.index_workers.start = start  # type: ignore[method-assign]
 
 
 @pytest.mark.timeout(60)
@@ -123,10 +123,10 @@ def test_a_timed_out_build_is_stopped_not_left_running() -> None:
 
 def test_a_failed_automaton_build_falls_back_under_auto_only() -> None:
     compiler = GrammarCompiler(smollm2_tokenizer(), backend="auto", timeout_s=30.0)
-    compiler._build_grammar = _failing_automaton(compiler)  # type: ignore[method-assign]
+    compiler.builds._build_grammar = _failing_automaton(compiler)  # type: ignore[method-assign]
     assert compiler.compile("regex", r"(ab|cd)f").backend == "llguidance"
     pinned = GrammarCompiler(smollm2_tokenizer(), backend="outlines", timeout_s=30.0)
-    pinned._build_grammar = _failing_automaton(pinned)  # type: ignore[method-assign]
+    pinned.builds._build_grammar = _failing_automaton(pinned)  # type: ignore[method-assign]
     with pytest.raises(GrammarError, match="simulated automaton failure"):
         pinned.compile("regex", r"(ab|cd)f")
 
@@ -143,7 +143,7 @@ def test_a_worker_that_dies_is_a_failed_build_and_the_next_build_gets_a_new_one(
 
 def test_without_worker_processes_indexes_build_in_thread(caplog: pytest.LogCaptureFixture) -> None:
     compiler = GrammarCompiler(smollm2_tokenizer(), backend="outlines", timeout_s=30.0)
-    compiler.index_workers = IndexWorkers(
+    compiler.builds.index_workers = IndexWorkers(
         (compiler.vocab.index_vocab,), executable="/nonexistent/python"
     )
     grammar = compiler.compile("regex", r"(ab|cd)h")
