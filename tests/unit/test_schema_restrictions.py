@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import Any
 
 import jsonschema
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sgl_lite.backend.constrained.regex_check import GrammarError
+from sgl_lite.backend.constrained.regex_check import GrammarError, pattern_body
 from sgl_lite.backend.constrained.schema.schema_normalize import normalize
 from sgl_lite.backend.constrained.schema.schema_pattern_properties import merged
 from sgl_lite.backend.constrained.schema.schema_regex import schema_to_regex
@@ -222,3 +223,27 @@ def test_pattern_properties_are_left_alone_with_one_pattern_or_a_ref_into_them()
         "properties": {"c": {"$ref": "#/patternProperties/b"}},
     }
     assert merged(referenced) is None
+
+
+# Github_ultra/o56134's `01$|^07`, and the common `^a$|^b$` (anchors per alternative)
+SEARCH_PATTERNS = ["01$|^07", "^a$|^bc$", "^(a|b)$", "[|^]$", "a\\$", "a\\\\$", "^$|x", "b|^a"]
+
+
+@pytest.mark.parametrize("pattern", SEARCH_PATTERNS)
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet="ab01|^$7\\x", max_size=5))
+def test_a_pattern_is_written_as_strings_it_matches_whole_a_subset_of_its_search(
+    pattern: str, text: str
+) -> None:
+    body = pattern_body(pattern)
+    if re.fullmatch(body, text):
+        assert re.search(pattern, text), (body, text)
+    both_ends = pattern in ("^a$|^bc$", "^(a|b)$")  # every alternative anchored at both ends
+    if both_ends:
+        assert bool(re.fullmatch(body, text)) == bool(re.search(pattern, text)), (body, text)
+
+
+def test_anchors_per_alternative_compile_into_the_automaton_regex() -> None:
+    regex = schema_to_regex({"type": "string", "pattern": "^a$|^bc$"})
+    assert re.fullmatch(regex, '"a"') and re.fullmatch(regex, '"bc"')
+    assert not re.fullmatch(regex, '"abc"')

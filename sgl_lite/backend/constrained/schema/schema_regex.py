@@ -17,7 +17,12 @@ from typing import Any
 
 import jsonschema
 
-from sgl_lite.backend.constrained.regex_check import GrammarError, UnsupportedSchema, check_regex
+from sgl_lite.backend.constrained.regex_check import (
+    GrammarError,
+    UnsupportedSchema,
+    check_regex,
+    pattern_body,
+)
 from sgl_lite.backend.constrained.schema.formats import STRING_FORMATS
 from sgl_lite.backend.constrained.schema.numbers import (
     INT_MAX_DIGITS,
@@ -277,9 +282,7 @@ class SchemaRegex:
                 raise unsupported("format", path, f"format {fmt!r} (compiled: {known})")
             return f'"{STRING_FORMATS[fmt]}"'
         if pattern is not None:
-            body = pattern[1:] if pattern.startswith("^") else pattern
-            if body.endswith("$") and not body.endswith("\\$"):
-                body = body[:-1]
+            body = pattern_body(pattern)
             check_regex(body, what="json_schema pattern")
             return f'"({body})"'
         lo, hi = schema.get("minLength", 0), schema.get("maxLength")
