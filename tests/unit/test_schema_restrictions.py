@@ -247,3 +247,22 @@ def test_anchors_per_alternative_compile_into_the_automaton_regex() -> None:
     regex = schema_to_regex({"type": "string", "pattern": "^a$|^bc$"})
     assert re.fullmatch(regex, '"a"') and re.fullmatch(regex, '"bc"')
     assert not re.fullmatch(regex, '"abc"')
+
+
+@pytest.mark.parametrize(
+    ("internationalized", "ascii_form", "example"),
+    [
+        ("idn-email", "email", "a@b.co"),
+        ("iri", "uri", "https://a.b/c"),
+        ("idn-hostname", "hostname", "a.b"),
+    ],
+)
+def test_internationalized_formats_are_written_as_their_ascii_forms_and_noted(
+    internationalized: str, ascii_form: str, example: str
+) -> None:
+    notes: list[str] = []
+    out = normalize({"type": "string", "format": internationalized}, notes)
+    assert out == {"type": "string", "format": ascii_form}
+    assert len(notes) == 1 and internationalized in notes[0] and "subset" in notes[0]
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    assert checker.conforms(example, ascii_form) and checker.conforms(example, internationalized)

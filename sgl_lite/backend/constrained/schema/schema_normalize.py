@@ -19,7 +19,8 @@ restrictions listed below:
   `type: string`), `uniqueItems` when at most one item is allowed, and `propertyNames: true` are
   dropped: they hold for every instance;
 - `format: uri-reference` / `format: regex` become a pattern for a subset of RFC 3986
-  references / of regexes (text without metacharacters);
+  references / of regexes (text without metacharacters); the internationalized formats
+  (`idn-email`, `iri`, `iri-reference`, `idn-hostname`) their ASCII forms, a subset (noted);
 - sound restrictions (a subset of the valid instances, each described in `notes`):
   `uniqueItems` with `minItems` <= 1 becomes `maxItems: 1`; a `oneOf` whose branches each
   give one common property disjoint const/enum values, without requiring it, is an `anyOf` of
@@ -78,6 +79,10 @@ URI_REFERENCE = f"/?{_SEGMENT}(/{_SEGMENT})*/?"
 # NOTE: text without regex metacharacters is a regex (matching itself) in every dialect
 REGEX = "[A-Za-z0-9_ -]*"
 EXTRA_FORMATS = {"uri-reference": URI_REFERENCE, "regex": REGEX}
+# the internationalized formats, each a superset of its ASCII form (RFC 6531 over RFC 5321,
+# RFC 3987 over RFC 3986, IDNA over RFC 1123 host names): written as the ASCII form, a subset
+ASCII_FORMS = {"idn-email": "email", "iri": "uri", "iri-reference": "uri-reference",
+               "idn-hostname": "hostname"}  # fmt: skip
 
 
 # keywords that leave an object free: "any JSON object" (OpenAI's json_object, a tool whose
@@ -230,6 +235,13 @@ class _Normalizer:
         self._not(node, path)
         self._one_of(node, path)
         fmt = node.get("format")
+        if isinstance(fmt, str) and fmt in ASCII_FORMS:
+            node["format"] = ASCII_FORMS[fmt]
+            self.notes.append(
+                f"format {fmt!r} at {pointer(path)} is written as {ASCII_FORMS[fmt]!r} (ASCII "
+                "only: a subset of the valid values)"
+            )
+            fmt = node["format"]
         if isinstance(fmt, str) and fmt in EXTRA_FORMATS and "pattern" not in node:
             del node["format"]
             node["pattern"] = f"^{EXTRA_FORMATS[fmt]}$"
