@@ -85,6 +85,12 @@ ENFORCED = {
         "required": ["body"],
         "not": {"required": ["body", "bodyValue"]},
     },
+    # JsonSchemaStore/embrace-config: a non-empty object (one listed property required)
+    "min_properties_one": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+        "minProperties": 1,
+    },
     # Github_ultra/o17072: branches told apart by `type`, one's target negating a presence
     "negated_presence_in_a_discriminated_one_of": {
         "type": "object",

@@ -205,6 +205,15 @@ REWRITTEN["not anyOf of presences: each one absent"] = (
     [{"k": 1}, {"k": 1, "a": 1}, {"x": 1, "b": 1}, {"x": 1, "b": 1, "c": 1}, {"b": 1, "c": 1}],
 )
 
+REWRITTEN["minProperties 1 beside a required name (always holds)"] = (
+    {"type": "object", "required": ["a"], "minProperties": 1},
+    [{}, {"a": 1}, {"b": 1}, "x"],
+)
+REWRITTEN["minProperties 1 on a closed object: one listed property present"] = (
+    {"properties": {"a": {}, "b": {}}, "additionalProperties": False, "minProperties": 1},
+    [{}, {"a": 1}, {"b": None}, {"c": 1}, [], "x"],
+)
+
 UNCHANGED = {
     "overlapping oneOf": {"oneOf": [{"type": "integer"}, {"type": "number"}]},
     "not: {} at the root (the backends want an object there)": {"not": {}},
@@ -240,6 +249,8 @@ UNCHANGED = {
             {"additionalProperties": False, "patternProperties": {"^a": {}}},
         ]
     },
+    "minProperties 2": {"properties": {"a": {}, "b": {}}, "minProperties": 2},
+    "minProperties 1 without listed properties": {"type": "object", "minProperties": 1},
     "not of more than presence": {"not": {"required": ["a"], "type": "object"}},
     "not of an empty required list (always holds)": {"not": {"required": []}},
     "a $ref into the not": {"properties": {"a": {"$ref": "#/not"}}, "not": {"required": ["a"]}},

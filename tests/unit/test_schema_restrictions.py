@@ -107,6 +107,12 @@ RESTRICTED["oneOf with a literal property no branch requires, over $refs"] = (
     [{"k": "a", "b": 1}, {"k": "b", "n": 1}],
     [{"n": 1}],  # no `k`: only branch t matches as submitted
 )
+# JsonSchemaStore/embrace-config: a non-empty object of optional properties, others allowed
+RESTRICTED["minProperties 1 with optional properties"] = (
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "minProperties": 1},
+    [{"a": 1}, {"b": None, "n": 1}],
+    [{"n": 1}],  # non-empty, but with an unlisted name only
+)
 
 
 def test_branches_copied_from_ref_targets_are_rewritten_too() -> None:

@@ -28,6 +28,8 @@ restrictions listed below:
   are not all provably disjoint keeps, as an `anyOf`, the branches disjoint from every other
   one, an untyped branch that only constrains objects written as objects where that makes it
   disjoint;
+- `minProperties: 1` beside a `required` name is dropped; with listed properties and none
+  required it is an `anyOf` requiring one of them (a subset where other names are allowed);
 - `not: {}` / `not: true` is `false` (schema_one_of.never);
 - a `format` no JSON Schema draft defines (`"datetime"`) is dropped: the specification makes an
   unknown format an annotation, and validators ignore it. Each drop is described in `notes`
@@ -233,6 +235,7 @@ class _Normalizer:
         self._property_names(node, path)
         self._dependencies(node, path)
         self._not(node, path)
+        self._min_properties(node, path)
         self._one_of(node, path)
         fmt = node.get("format")
         if isinstance(fmt, str) and fmt in ASCII_FORMS:
@@ -290,6 +293,26 @@ class _Normalizer:
         del node["not"]
         for branches in conjuncts:
             self._add_any_of(node, branches)
+
+    def _min_properties(self, node: dict, path: tuple[str, ...]) -> None:
+        """`minProperties: 1` (a non-empty object): dropped beside a `required` name (exact);
+        else one of the listed properties required, an anyOf (exact where no other name is
+        allowed, else a subset, noted)."""
+        props = node.get("properties")
+        if node.get("minProperties") != 1 or self._referenced(path, "minProperties"):
+            return
+        if node.get("required"):
+            del node["minProperties"]
+            return
+        if not isinstance(props, dict) or not props or len(props) > MAX_DEPENDENCY_KEYS * 2:
+            return
+        del node["minProperties"]
+        self._add_any_of(node, [{"required": [name]} for name in props])
+        if node.get("additionalProperties") is not False or node.get("patternProperties"):
+            self.notes.append(
+                f"minProperties at {pointer(path)}: objects are written with one of the listed "
+                "properties at least (a subset of the valid objects)"
+            )
 
     def _one_of(self, node: dict, path: tuple[str, ...]) -> None:
         branches = node.get("oneOf")
