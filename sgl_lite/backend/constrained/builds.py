@@ -257,6 +257,8 @@ class GrammarBuilds:
         except BuildStopped as exc:
             if exc.stopped:
                 raise _Stopped(str(exc)) from None
+            if self.index_workers.unavailable:  # no worker ever answered: none will
+                return Index(regex, self.vocab.index_vocab), Index(regex, byte_vocabulary())
             raise GrammarError(f"cannot compile the pattern into an automaton: {exc}") from None
         finally:
             deadline.cancel()

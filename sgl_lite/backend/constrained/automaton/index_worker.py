@@ -78,10 +78,12 @@ class IndexJob:
             self._pool.discard(self._worker)
             if stopped:
                 raise BuildStopped("the index build was stopped", stopped=True) from None
+            self._pool.died(exc)
             raise BuildStopped(f"the index worker died: {exc!r}", stopped=False) from None
         with self._lock:
             self._done = True
             stopped = self._stopped  # a kill that came as the answer did: not reusable
+        self._pool.answered += 1
         if stopped:
             self._pool.discard(self._worker)
         else:
@@ -114,8 +116,9 @@ class IndexWorkers:
 
     `start(regex)` hands the build to an idle worker or a new one (as many run at once as
     builds are asked for) and returns its `IndexJob`. When no worker can be started (no
-    interpreter, a pickling failure) it raises WorkersUnavailable with the reason, logged once,
-    and every later call raises it at once: the caller builds in-thread.
+    interpreter, a pickling failure), or the first one dies before answering anything (an
+    interpreter that is not this Python), it raises WorkersUnavailable with the reason, logged
+    once, and every later call raises it at once: the caller builds in-thread (`unavailable`).
     """
 
     def __init__(self, vocabularies: tuple[Any, ...], *, executable: str | None = None) -> None:
@@ -127,6 +130,17 @@ class IndexWorkers:
         self._unavailable: str | None = None
         self._closed = False
         self.started = 0  # worker processes started, for tests and diagnostics
+        self.answered = 0  # builds a worker answered (an index or outlines-core's refusal)
+
+    @property
+    def unavailable(self) -> bool:
+        """Whether builds go in-thread for good (no worker could start or answer)."""
+        return self._unavailable is not None
+
+    def died(self, exc: BaseException) -> None:
+        """A worker died before answering: where none ever answered, workers are given up."""
+        if self.answered == 0:
+            self._disable(f"the first index worker died before answering ({exc!r})")
 
     def start(self, regex: str) -> IndexJob:
         """Starts building the indexes of `regex`; WorkersUnavailable if no worker can run."""
@@ -165,16 +179,22 @@ class IndexWorkers:
                 self._payload = pickle.dumps(self._vocabularies)
             worker = _Worker(self._executable, self._payload)
         except (OSError, pickle.PicklingError, TypeError) as exc:
-            reason = f"cannot start an index worker process ({exc!r}); indexes build in-thread"
-            with self._lock:
-                first = self._unavailable is None
-                self._unavailable = reason
-            if first:
-                logger.warning(reason)
+            reason = self._disable(f"cannot start an index worker process ({exc!r})")
             raise WorkersUnavailable(reason) from None
         with self._lock:
             self.started += 1
         return worker
+
+    def _disable(self, why: str) -> str:
+        """Gives up on worker processes for good, logging why once; returns the reason."""
+        reason = f"{why}; indexes build in-thread"
+        with self._lock:
+            first = self._unavailable is None
+            if first:
+                self._unavailable = reason
+        if first:
+            logger.warning(reason)
+        return self._unavailable or reason
 
 
 class _Worker:
