@@ -108,7 +108,7 @@ def test_dtype_regexes_match_sglang_with_bounded_digits() -> None:
             "/properties/tags",
         ),
         (
-            {"properties": {"site": {"type": "string", "format": "iri"}}},
+            {"properties": {"site": {"type": "string", "format": "json-pointer"}}},
             "format",
             "/properties/site",
         ),
