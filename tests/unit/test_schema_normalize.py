@@ -250,6 +250,11 @@ UNCHANGED = {
         ]
     },
     "minProperties 2": {"properties": {"a": {}, "b": {}}, "minProperties": 2},
+    "minProperties 1 beside maxProperties (Github_medium o8453)": {
+        "properties": {"a": {}, "b": {}},
+        "minProperties": 1,
+        "maxProperties": 1,
+    },
     "minProperties 1 without listed properties": {"type": "object", "minProperties": 1},
     "not of more than presence": {"not": {"required": ["a"], "type": "object"}},
     "not of an empty required list (always holds)": {"not": {"required": []}},

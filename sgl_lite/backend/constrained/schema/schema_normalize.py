@@ -301,6 +301,8 @@ class _Normalizer:
         props = node.get("properties")
         if node.get("minProperties") != 1 or self._referenced(path, "minProperties"):
             return
+        if "maxProperties" in node:  # NOTE: the two together are read by the backends as a pair
+            return
         if node.get("required"):
             del node["minProperties"]
             return
