@@ -72,6 +72,7 @@ DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
 # the keys `_Normalizer.node` walks as keywords; a $ref may still point under any other key
 _WALKED = frozenset({*_SCHEMA_KEYS, *_LIST_KEYS, *_MAP_KEYS, "items", "dependencies", *DATA_KEYS})
 MAX_INLINED = 3  # oneOf branches copied from $ref targets rewritten within one another
+MAX_NONEMPTY_BRANCHES = 8  # listed properties a `minProperties: 1` anyOf has a branch for
 MAX_DEPENDENCY_KEYS = 4  # the anyOf has up to 2**n branches
 _SEGMENT = "[A-Za-z0-9._~-]+"  # RFC 3986 unreserved characters, no ':' and no '%'
 # NOTE: a relative or absolute path reference ("a/b", "/a/b/"): never "//", so never an
@@ -306,7 +307,7 @@ class _Normalizer:
         if node.get("required"):
             del node["minProperties"]
             return
-        if not isinstance(props, dict) or not props or len(props) > MAX_DEPENDENCY_KEYS * 2:
+        if not isinstance(props, dict) or not props or len(props) > MAX_NONEMPTY_BRANCHES:
             return
         del node["minProperties"]
         self._add_any_of(node, [{"required": [name]} for name in props])
