@@ -105,6 +105,17 @@ def resolve_ref(root: Any, ref: str, path: str) -> tuple[Schema, str]:
     return node, pointer
 
 
+def lacking(names: list[str]) -> dict[str, Any]:
+    """The keywords of an object in which none of `names` is present: each listed as `false`,
+    and `additionalProperties: true` said outright, because llguidance's closed_objects would
+    otherwise close an object that lists properties and so forbid every other name too (so
+    said even where `names` is empty)."""
+    keywords: dict[str, Any] = {"additionalProperties": True}
+    if names:
+        keywords["properties"] = dict.fromkeys(names, False)
+    return keywords
+
+
 def declared_types(schema: Schema) -> frozenset[str]:
     """The instance types a schema accepts: from `type` and `const`/`enum`, else all."""
     if schema is False:

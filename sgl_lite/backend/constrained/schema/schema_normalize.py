@@ -54,6 +54,7 @@ from sgl_lite.backend.constrained.schema.schema_merge import (
     ANNOTATIONS,
     Schema,
     declared_types,
+    lacking,
     merge_all,
 )
 from sgl_lite.backend.constrained.schema.schema_one_of import OneOfRewriter, never
@@ -401,9 +402,7 @@ def dependency_branches(deps: dict[str, Any]) -> list[Schema] | None:
         else:
             if set(required) & set(absent):
                 continue  # a present trigger requires an absent one
-            branch: dict[str, Any] = {"additionalProperties": True}  # see closed_objects
-            if absent:
-                branch["properties"] = dict.fromkeys(absent, False)
+            branch: dict[str, Any] = lacking(absent)
             if required:
                 branch["required"] = required
             try:
@@ -426,10 +425,7 @@ def negated_presence(negated: Any) -> list[list[Schema]] | None:
     if not groups or any(not names for names in groups):
         return None
     return [
-        [
-            {"type": "object", "properties": {name: False}, "additionalProperties": True}
-            for name in names
-        ]
+        [{"type": "object", **lacking([name])} for name in names]
         for names in groups
         if names is not None
     ]

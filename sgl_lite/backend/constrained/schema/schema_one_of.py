@@ -36,6 +36,7 @@ from sgl_lite.backend.constrained.schema.schema_merge import (
     ANNOTATIONS,
     Schema,
     declared_types,
+    lacking,
     literal_set,
     resolve_ref,
 )
@@ -137,8 +138,7 @@ def exclusive_required(branches: list[Any]) -> list[Schema] | None:
             # NOTE: `type` because a non-object satisfies every branch, so fails a oneOf of two
             branch: dict[str, Any] = {"type": "object", "required": own}
             if forbidden:
-                branch["properties"] = dict.fromkeys(forbidden, False)
-                branch["additionalProperties"] = True  # see closed_objects
+                branch.update(lacking(forbidden))
             out.append(branch)
     return out or [False]
 
