@@ -94,7 +94,7 @@ def test_openai_names_the_fake_model_and_rejects_others(url):
 
 
 def test_cli_flags_become_engine_config_and_bind_loopback_by_default():
-    from sgl_lite.launch_server import build_parser, engine_kwargs
+    from sgl_lite.server_args import build_parser, engine_kwargs
 
     args = build_parser().parse_args(
         [

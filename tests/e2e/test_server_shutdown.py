@@ -91,8 +91,8 @@ def test_sigint_on_an_idle_server_exits_0_at_once(server):
 def test_overload_and_shutdown_flags_reach_the_engine_and_the_server():
     import uvicorn
 
-    from sgl_lite.launch_server import build_parser, engine_kwargs
     from sgl_lite.server.lifecycle import DrainingServer
+    from sgl_lite.server_args import build_parser, engine_kwargs
 
     flags = ["--max-queued-requests", "8", "--request-timeout", "2.5", "--shutdown-timeout", "4"]
     args = build_parser().parse_args(flags)

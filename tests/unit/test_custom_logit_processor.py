@@ -347,7 +347,7 @@ def test_a_string_made_by_sglang_runs_here_and_ours_runs_on_sglang():
 
 
 def test_the_flag_reaches_the_engine_config():
-    from sgl_lite.launch_server import build_parser, engine_kwargs
+    from sgl_lite.server_args import build_parser, engine_kwargs
 
     args = build_parser().parse_args(["--enable-custom-logit-processor"])
     assert engine_kwargs(args)["enable_custom_logit_processor"] is True

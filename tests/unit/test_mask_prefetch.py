@@ -13,7 +13,7 @@ from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.sampling_params import SamplingParams
 from sgl_lite.backend.scheduler.mask_prefetch import WORKER_NAME, MaskPrefetcher
 from sgl_lite.backend.types import Req, ScheduleBatch, Segment
-from sgl_lite.launch_server import build_parser, engine_kwargs
+from sgl_lite.server_args import build_parser, engine_kwargs
 from tests.support.fakes import ByteTokenizer, FakeRunner
 
 

@@ -11,7 +11,7 @@ from sgl_lite.backend.engine import memory
 from sgl_lite.backend.kvcache import sizing
 from sgl_lite.backend.runner.tokenizer_overrides import resolve_chat_template
 from sgl_lite.frontend.chat_template import TEMPLATES
-from sgl_lite.launch_server import build_parser, chat_template_arg, check_args, engine_kwargs
+from sgl_lite.server_args import build_parser, chat_template_arg, check_args, engine_kwargs
 
 MESSAGES = [{"role": "user", "content": 'Say "hi"\n'}, {"role": "assistant", "content": "hi"}]
 

@@ -16,15 +16,15 @@ import torch
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
-from sgl_lite.launch_server import (
+from sgl_lite.server import create_app
+from sgl_lite.server.openai.rerank import RerankRequest, answer_ids, relevance, rerank_prompts
+from sgl_lite.server_args import (
     UNCHUNKED_PREFILL_TOKENS,
     build_parser,
     check_args,
-    ignored_flags,
     log_ignored_flags,
 )
-from sgl_lite.server import create_app
-from sgl_lite.server.openai.rerank import RerankRequest, answer_ids, relevance, rerank_prompts
+from sgl_lite.sglang_flags import ignored_flags
 from tests.support.fakes import ByteTokenizer, FakeRunner
 from tests.support.server import flush, serve
 from tests.support.tiny import build_tiny_tokenizer

@@ -192,7 +192,7 @@ def test_phi4_mini_tools_go_on_the_system_message():
 
 
 def test_the_tool_call_parser_flag_reaches_the_engine_config():
-    from sgl_lite.launch_server import build_parser, engine_kwargs
+    from sgl_lite.server_args import build_parser, engine_kwargs
 
     args = build_parser().parse_args(["--tool-call-parser", "mistral"])
     assert engine_kwargs(args)["tool_call_parser"] == "mistral"

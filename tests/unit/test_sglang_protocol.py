@@ -20,11 +20,11 @@ import pytest
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
-from sgl_lite.launch_server import build_parser, check_args, engine_kwargs, log_ignored_flags
 from sgl_lite.server import create_app
 from sgl_lite.server.openai.tool_formats import FORMATS, detect_format, parser_for_flag
 from sgl_lite.server.openai.tool_parser import ToolDeltas, message, scan
 from sgl_lite.server.openai.tools import plan_tools
+from sgl_lite.server_args import build_parser, check_args, engine_kwargs, log_ignored_flags
 from sgl_lite.sglang_flags import IGNORED_FLAGS, ignored_flags
 from tests.support.fakes import ByteTokenizer, FakeRunner
 from tests.support.server import serve, sse_events
