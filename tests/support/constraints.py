@@ -85,6 +85,12 @@ ENFORCED = {
         "required": ["body"],
         "not": {"required": ["body", "bodyValue"]},
     },
+    # JsonSchemaStore/winget: exit codes other than 0 (schema_normalize's `not` of values)
+    "integer_except_values": {
+        "type": "array",
+        "items": {"type": "integer", "not": {"enum": [0, 2]}, "minimum": -3, "maximum": 3},
+        "maxItems": 4,
+    },
     # JsonSchemaStore/embrace-config: a non-empty object (one listed property required)
     "min_properties_one": {
         "type": "object",

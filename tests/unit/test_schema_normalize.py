@@ -205,6 +205,15 @@ REWRITTEN["not anyOf of presences: each one absent"] = (
     [{"k": 1}, {"k": 1, "a": 1}, {"x": 1, "b": 1}, {"x": 1, "b": 1, "c": 1}, {"b": 1, "c": 1}],
 )
 
+# JsonSchemaStore/winget: `type: integer, not: {enum: [0]}` (a non-zero exit code)
+REWRITTEN["integer except listed values: the ranges between them"] = (
+    {"type": "integer", "not": {"enum": [-1, 1, 2, "a", True, 0.5]}},
+    [-2, -1, 0, 1, 2, 3, 1.0, 0.5, True, "a", None],
+)
+REWRITTEN["integer except one const, beside a bound"] = (
+    {"type": "integer", "minimum": -1, "not": {"const": 0.0, "title": "zero"}},
+    [-2, -1, 0, 0.0, 1, 2],
+)
 REWRITTEN["minProperties 1 beside a required name (always holds)"] = (
     {"type": "object", "required": ["a"], "minProperties": 1},
     [{}, {"a": 1}, {"b": 1}, "x"],
@@ -259,6 +268,8 @@ UNCHANGED = {
     "not of more than presence": {"not": {"required": ["a"], "type": "object"}},
     "not of an empty required list (always holds)": {"not": {"required": []}},
     "a $ref into the not": {"properties": {"a": {"$ref": "#/not"}}, "not": {"required": ["a"]}},
+    "not of values beside a non-integer type": {"type": "number", "not": {"enum": [0]}},
+    "not of values and more on an integer": {"type": "integer", "not": {"enum": [0], "maximum": 2}},
     "one name under two dependency keywords": {
         "dependentRequired": {"a": ["b"]},
         "dependentSchemas": {"a": {"required": ["c"]}},

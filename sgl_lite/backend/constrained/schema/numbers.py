@@ -71,6 +71,21 @@ def int_range_pattern(lo: int | None, hi: int | None, *, max_digits: int = INT_M
     return parts[0] if len(parts) == 1 else "(" + "|".join(parts) + ")"
 
 
+def integer_gaps(excluded: set[int]) -> list[dict[str, int]]:
+    """The integers other than `excluded`, as the anyOf branches of bounds between them: for
+    {0, 5}, `maximum: -1`, `minimum: 1, maximum: 4`, `minimum: 6` (adjacent values leave no
+    branch between them). With nothing excluded, one branch that bounds nothing."""
+    values = sorted(excluded)
+    if not values:
+        return [{}]
+    branches: list[dict[str, int]] = [{"maximum": values[0] - 1}]
+    for low, high in zip(values, values[1:]):
+        if high - low > 1:
+            branches.append({"minimum": low + 1, "maximum": high - 1})
+    branches.append({"minimum": values[-1] + 1})
+    return branches
+
+
 def number_range_pattern(
     lo: Fraction | None,
     hi: Fraction | None,

@@ -12,7 +12,8 @@ restrictions listed below:
   trigger keys are present (absent: `properties: {k: false}`);
 - `not` of property presence (`not: {required: [a, b]}`, an `allOf` of such, an `anyOf` of
   such) becomes an object lacking one of them (an `anyOf` of absent-property branches), one
-  such `anyOf` per `anyOf` branch negated (see `negated_presence`);
+  such `anyOf` per `anyOf` branch negated (see `negated_presence`); `not` of values on an
+  integer (`type: integer, not: {enum: [0]}`) an `anyOf` of the ranges between them;
 - `propertyNames: {pattern: P}` on an object that lists no properties is
   `patternProperties: {P: <additionalProperties>}, additionalProperties: false`;
 - a keyword that only constrains a type the node cannot have (`uniqueItems` beside
@@ -49,10 +50,12 @@ from urllib.parse import unquote
 import jsonschema
 
 from sgl_lite.backend.constrained.schema.formats import KNOWN_FORMATS
+from sgl_lite.backend.constrained.schema.numbers import integer_gaps
 from sgl_lite.backend.constrained.schema.schema_merge import (
     ANNOTATIONS,
     Schema,
     declared_types,
+    literal_set,
 )
 from sgl_lite.backend.constrained.schema.schema_one_of import OneOfRewriter, never
 from sgl_lite.backend.constrained.schema.schema_presence import (
@@ -292,7 +295,10 @@ class _Normalizer:
             return
         conjuncts = negated_presence(node["not"])
         if conjuncts is None:
-            return
+            excluded = excluded_integers(node, node["not"])
+            if excluded is None:
+                return
+            conjuncts = [integer_gaps(excluded)]
         del node["not"]
         for branches in conjuncts:
             self._add_any_of(node, branches)
@@ -380,6 +386,23 @@ def keyword_path(
 
 def _escape(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
+
+
+def excluded_integers(node: dict, negated: Any) -> set[int] | None:
+    """The integers `not: negated` excludes where `node` is `type: integer` and `negated` only
+    lists values (`not: {enum: [0]}`: a non-zero exit code); its non-integer values exclude no
+    integer (1.0 is 1, `true` is not). None where either says anything else."""
+    if node.get("type") != "integer" or literal_set(negated) is None:
+        return None
+    if set(negated) - ANNOTATIONS - {"enum", "const"}:
+        return None
+    values = [negated["const"]] if "const" in negated else negated["enum"]
+    return {
+        int(v)
+        for v in values
+        if (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, float) and v.is_integer())
+    }
 
 
 def ref_targets(schema: Any) -> set[tuple[str, ...]]:
