@@ -298,7 +298,7 @@ class _Normalizer:
             excluded = excluded_integers(node, node["not"])
             if excluded is None:
                 return
-            conjuncts = [integer_gaps(excluded)]
+            conjuncts = [[*integer_gaps(excluded)]]
         del node["not"]
         for branches in conjuncts:
             self._add_any_of(node, branches)
