@@ -270,6 +270,7 @@ UNCHANGED = {
     "a $ref into the not": {"properties": {"a": {"$ref": "#/not"}}, "not": {"required": ["a"]}},
     "not of values beside a non-integer type": {"type": "number", "not": {"enum": [0]}},
     "not of values and more on an integer": {"type": "integer", "not": {"enum": [0], "maximum": 2}},
+    "not of a const and an enum together": {"type": "integer", "not": {"const": 3, "enum": [0]}},
     "one name under two dependency keywords": {
         "dependentRequired": {"a": ["b"]},
         "dependentSchemas": {"a": {"required": ["c"]}},

@@ -394,7 +394,8 @@ def excluded_integers(node: dict, negated: Any) -> set[int] | None:
     integer (1.0 is 1, `true` is not). None where either says anything else."""
     if node.get("type") != "integer" or literal_set(negated) is None:
         return None
-    if set(negated) - ANNOTATIONS - {"enum", "const"}:
+    # NOTE: one of the two: beside each other only their common values are excluded
+    if set(negated) - ANNOTATIONS not in ({"enum"}, {"const"}):
         return None
     values = [negated["const"]] if "const" in negated else negated["enum"]
     return {
