@@ -33,6 +33,35 @@ def test_the_fast_default_repeats_a_request_token_for_token(smollm_tokenizer):
     assert again == first
 
 
+REPEATS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "How many legs does a spider have?",
+    "What is 12 times 7?",
+    "Who wrote Hamlet?",
+    "Give a synonym for happy.",
+    "What is water made of?",
+    "Why is the sky blue?",
+]
+
+
+def test_the_fast_default_repeats_a_request_whose_prompt_the_cache_holds(smollm_tokenizer):
+    """Sent twice, the second time with the whole prompt cached (only its last token is
+    computed again): the same tokens for every prompt. Before the runner computed that token
+    the same way both times, and the graph's decode copies kept what the pool keeps, 3 of
+    these 8 repeated."""
+    prompts = [chat_prompt(smollm_tokenizer, SHARED + q) for q in REPEATS]
+    greedy = {**GREEDY, "max_new_tokens": 24}
+    with Engine(num_threads=NUM_THREADS, max_total_tokens=4096) as engine:
+        assert not engine.runner.format.deterministic
+        first = [engine.generate(p, greedy) for p in prompts]
+        again = [engine.generate(p, greedy) for p in prompts]
+    assert all(
+        o["meta_info"]["cached_tokens"] == o["meta_info"]["prompt_tokens"] - 1 for o in again
+    )
+    assert [o["output_ids"] for o in again] == [o["output_ids"] for o in first]
+
+
 def test_the_deterministic_mode_is_identical_cold_warm_alone_and_batched(smollm_tokenizer):
     prompts = _prompts(smollm_tokenizer)
     with Engine(

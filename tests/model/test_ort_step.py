@@ -139,6 +139,44 @@ def test_one_requests_tokens_in_a_row_match_the_torch_step_and_keep_its_copies()
     runner.decode_step = None
 
 
+def test_the_graphs_new_rows_stay_in_the_copies_as_the_pool_keeps_them():
+    """With a bf16 pool the copies hold each new row bf16-rounded, as a fresh gather from the
+    pool would: what a later step reads must not depend on when the copies were last gathered
+    (their capacity only grows), or a greedy request sent twice can part."""
+    from sgl_lite.backend.kvcache.kv_pool import KVPool
+
+    runner, step = _runner_on_codes()
+    old = runner.pool
+    runner.pool = KVPool(
+        num_layers=old.num_layers,
+        num_slots=400,
+        num_kv_heads=old.num_kv_heads,
+        head_dim=old.head_dim,
+        dtype=torch.bfloat16,
+        scratch_slots=1,
+    )
+    ((ids, slots),) = prefill_random(runner, [9])
+    slots = torch.cat([slots, runner.pool.alloc(3)])
+    runner.decode_kv = DecodeKV(runner.pool, torch.float32)
+    runner.decode_step = step
+    start = len(ids) - 1
+
+    def decode(token: int) -> Segment:
+        return Segment(token_ids=[token], start=start, kv_slots=slots[: start + 1], logits_from=0)
+
+    for token in (5, 6, 7):
+        assert step.takes([decode(token)])
+        runner.forward([decode(token)])
+        start += 1
+    view = runner.decode_kv.plan([decode(8)])  # the copies as the next step reads them
+    assert view is not None and not view.fresh
+    for layer in range(runner.pool.num_layers):
+        copy = view.k[layer][0, :, :start].transpose(0, 1)  # (positions, Hkv, D)
+        pooled = runner.pool.k[layer, slots[:start]].float()
+        assert torch.equal(copy, pooled)
+    runner.decode_step = None
+
+
 def test_which_passes_take_the_graph():
     runner, step = _runner_on_codes()
     slots = runner.pool.alloc(40)

@@ -84,7 +84,29 @@ class ModelRunner:
         )
 
     def forward(self, segments: list[Segment]) -> ForwardOutput:
+        """Runs the segments; returns the requested logits rows of all of them.
+
+        In the fast mode a segment's last token, whose logits pick the next token, is computed
+        in a second pass of single tokens (see `split_final_rows`), so a greedy request sent
+        twice repeats whether the second one hits the radix cache or not.
+        """
+        fmt = getattr(self, "format", None)  # absent on runners built around a bare model
+        split = split_final_rows(segments) if fmt is not None and not fmt.deterministic else None
+        if split is None:
+            return self._forward_pass(segments)
+        head, tail = split
+        return merge_outputs(
+            len(segments),
+            [
+                (head, self._forward_pass([s for _, s in head])),
+                (tail, self._forward_pass([s for _, s in tail])),
+            ],
+        )
+
+    def _forward_pass(self, segments: list[Segment]) -> ForwardOutput:
         """Runs one pass over all segments; returns the requested logits rows of all of them."""
+        if not segments:
+            return ForwardOutput(None, [])
         graphs = getattr(self, "graphs", None)  # absent on runners built around a bare model
         if graphs is not None:
             replayed = graphs.run(segments)
@@ -210,6 +232,71 @@ class ModelRunner:
             rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
             kv_view=kv_view,
         )
+
+
+Split = list[tuple[int, Segment]]  # (index of the caller's segment, the part this pass runs)
+
+
+def split_final_rows(segments: list[Segment]) -> tuple[Split, Split] | None:
+    """The segments as two passes: every token but the last of each segment marked
+    `last_alone` (a prompt's last chunk, whose last token picks the first output token), then
+    those last tokens beside the single-token segments.
+
+    Why: in the fast mode a pass's kernels depend on its size (the int kernels or the
+    onnxruntime graph for a few rows, the dense GEMM for many), so the logits of a prompt's
+    last token would depend on how much of the prompt was computed with it. When the radix
+    cache holds the whole prompt, a repeat of the request recomputes only that token, alone.
+    With the split it is always computed alone (or among decode rows), so both runs give the
+    same logits and K/V; the earlier tokens' K/V come from the same pass in both (the first
+    run's, which the cache kept). Output tokens are computed the same way in both runs, so
+    jump-forward chunks are not split. None when no segment is marked.
+    """
+    if not any(s.last_alone and len(s.token_ids) > 1 for s in segments):
+        return None
+    head: Split = []
+    tail: Split = []
+    for i, seg in enumerate(segments):
+        n = len(seg.token_ids)
+        if seg.last_alone and n > 1:
+            rest = Segment(
+                token_ids=seg.token_ids[:-1],
+                start=seg.start,
+                kv_slots=seg.kv_slots[: seg.end - 1],
+                logits_from=min(seg.logits_from, n - 1),
+            )
+            head.append((i, rest))
+            last = Segment(
+                token_ids=seg.token_ids[-1:],
+                start=seg.end - 1,
+                kv_slots=seg.kv_slots,
+                logits_from=0,
+            )
+            tail.append((i, last))
+        elif n == 1:
+            tail.append((i, seg))
+        else:
+            head.append((i, seg))
+    return head, tail
+
+
+def merge_outputs(count: int, passes: list[tuple[Split, ForwardOutput]]) -> ForwardOutput:
+    """The logits rows of `count` segments run as several passes (in order), each segment's
+    rows from the earlier pass first, as one ForwardOutput."""
+    parts: list[list[torch.Tensor]] = [[] for _ in range(count)]
+    for split, output in passes:
+        for j, (i, _) in enumerate(split):
+            got = output.rows(j)
+            if got is not None:
+                parts[i].append(got)
+    pieces: list[torch.Tensor] = []
+    ranges: list[tuple[int, int]] = []
+    total = 0
+    for own in parts:
+        n = sum(r.shape[0] for r in own)
+        ranges.append((total, total + n))
+        pieces.extend(own)
+        total += n
+    return ForwardOutput(torch.cat(pieces) if pieces else None, ranges)
 
 
 def context_length_of(hf_config: PretrainedConfig, requested: int | None) -> int:

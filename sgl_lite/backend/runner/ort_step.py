@@ -40,11 +40,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("sgl_lite")
 
-# MatMulNBits' accuracy_level per linear; the rest quantize activations to int8 (level 4).
-# q/k/v take float32 activations: int8 rounding of the projection's input reaches the
-# attention scores through q.k over every key, and with it everywhere the embedded model's
-# greedy decode parted from float32's on 2 of 64 tokens of the fixed test prompt (64/64 with
-# float32 here; perplexity within 0.6 %). The projection is ~15 % of a layer's weights.
+# MatMulNBits' accuracy_level per 4-bit linear; the rest quantize activations to int8 (level
+# 4), and so do all 8-bit linears (see `_Graph.linear`). 4-bit q/k/v take float32
+# activations: int8 rounding of the projection's input reaches the attention scores through
+# q.k over every key, and with it everywhere the embedded model's greedy decode parted from
+# float32's on 2 of 64 tokens of the fixed test prompt (64/64 with float32 here; perplexity
+# within 0.6 %). The projection is ~15 % of a layer's weights.
 ACCURACY: dict[str, int] = {"qkv": 0}
 # The bound inputs' element types.
 _NP = {torch.float32: np.float32, torch.int32: np.int32, torch.int64: np.int64}
@@ -111,7 +112,10 @@ class _Graph:
     def linear(self, w: GroupAffine, x: str, hint: str) -> str:
         """x (T, K) @ w^T on MatMulNBits → (T, N)."""
         y = self.name(hint)
-        accuracy = ACCURACY.get(hint, ort_nbits.ACCURACY_INT8)
+        # 8-bit codes always take int8 activations: MLAS has no float32 kernel for them (its
+        # fallback took 48 ms for an 8192 x 2048 matrix at batch 1 against 0.3 ms, measured).
+        accuracy = ACCURACY.get(hint, ort_nbits.ACCURACY_INT8) if w.bits == 4 else None
+        accuracy = ort_nbits.ACCURACY_INT8 if accuracy is None else accuracy
         nodes, consts = ort_nbits.linear_nodes(w, x, y, f"{y}.", accuracy)
         self.nodes += nodes
         self.consts.update(consts)
@@ -314,6 +318,14 @@ class OrtDecodeStep:
         new_v = view.v_all.view(rows).index_select(1, view.new_index).view(kv_out)
         out_slots = torch.cat([s.kv_slots[s.start :] for s in segments]).to(torch.long)
         pool.write_all_layers(out_slots, new_k, new_v)
+        if pool.k.dtype != torch.float32:
+            # The copies keep these rows as the pool keeps them (bf16-rounded). Otherwise later
+            # steps would read float32 values until the next fresh gather, whose timing depends
+            # on what ran before (the copies' capacity only grows): a greedy request sent twice
+            # could then part.
+            for copy, new in ((view.k_all, new_k), (view.v_all, new_v)):
+                rounded = new.to(pool.k.dtype).to(torch.float32).view(rows)
+                copy.view(rows).index_copy_(1, view.new_index, rounded)
         if model.logits_scaling != 1.0:
             logits = logits / model.logits_scaling
         if batch == 1:  # one request's tokens: the rows it asked for

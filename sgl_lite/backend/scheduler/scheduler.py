@@ -227,8 +227,14 @@ class Scheduler:
         if req.needs_input_logprobs:
             assert req.logprobs is not None
             logits_from = min(logits_from, max(req.logprobs.start_len - 1 - start, 0))
+        # A prompt's last token, before any output: the token a repeat recomputes alone.
+        prompt_end = completes and not req.output_ids and n > 1
         return Segment(
-            token_ids=token_ids, start=start, kv_slots=req.slot_ids, logits_from=logits_from
+            token_ids=token_ids,
+            start=start,
+            kv_slots=req.slot_ids,
+            logits_from=logits_from,
+            last_alone=prompt_end and req.sampling_params.max_new_tokens > 0,
         )
 
     def _preempt(self, req: Req) -> None:
