@@ -233,3 +233,65 @@ def test_gguf_with_smollm2s_real_tokenizer_round_trips_it(tmp_path, smollm_token
     text = "<|im_start|>user\nWhat's 2+2? Café, naïve — 東京\n  spaced<|im_end|>\n"
     assert loaded.encode(text) == smollm_tokenizer.encode(text)
     assert _greedy(gguf_file, smollm_tokenizer, False) == _greedy(folder, smollm_tokenizer, False)
+
+
+# llama.cpp's Q4_K_M: Q4_K on most linears, Q6_K on v and down (half the layers in a real file)
+Q4_K_M = {
+    "q_proj": "Q4_K",
+    "k_proj": "Q4_K",
+    "o_proj": "Q4_K",
+    "gate_proj": "Q4_K",
+    "up_proj": "Q4_K",
+    "v_proj": "Q6_K",
+    "down_proj": "Q6_K",
+}
+
+
+def test_a_k_quant_file_runs_its_own_codes_in_the_decode_step(tmp_path, tokenizer, caplog):
+    """A Q4_K_M-like file (Q4_K beside Q6_K, fused q/k/v of both) loads like the same weights
+    from safetensors, and its decode step runs the file's codes exactly: 4-bit in groups of 32
+    where a fused linear is all Q4_K, 8-bit in groups of 16 where it holds Q6_K."""
+    from sgl_lite.backend.runner.weights.packing import exact_codes
+
+    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+    gguf_file = tmp_path / "tiny-q4_k_m.gguf"
+    state = write_gguf(gguf_file, model, tokenizer, random_blocks=Q4_K_M)
+    converted = resolve_model_path(gguf_file)
+    weights = load_file(next(converted.glob("*.safetensors")))
+    for name, tensor in state.items():  # the converter dequantizes what we decode
+        assert torch.equal(weights[name], tensor), name
+    codes = read_quantized(gguf_file, load_config(converted))
+    assert len(codes) == 7 * 2
+    for name, weight in codes.items():
+        assert torch.equal(weight.dequantize(), state[name]), name
+    config = EngineConfig(max_total_tokens=256, device="cpu", num_threads=NUM_THREADS)
+    with caplog.at_level(logging.INFO, logger="sgl_lite"):
+        runner = ModelRunner(converted, config)
+    assert runner.format.int_kind == "int8", runner.format.describe()
+    assert "the file's linears: 4 4-bit/32, 4 8-bit/16" in caplog.text
+    assert runner.decode_step is not None, runner.format.describe()
+    linears, _ = exact_codes(runner.model, "int8", codes)
+    fused_qkv = torch.cat([state[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
+    assert torch.equal(linears["0.self_attn.qkv_proj"].dequantize(), fused_qkv)
+    assert (linears["0.mlp.gate_up_proj"].bits, linears["0.mlp.down_proj"].group) == (4, 16)
+    # the step on those codes computes the file's model (float32 dense weights as the judge)
+    dense = EngineConfig(
+        max_total_tokens=256,
+        device="cpu",
+        num_threads=NUM_THREADS,
+        quantization="none",
+        dtype="float32",
+    )
+    reference = ModelRunner(converted, dense)
+    ids = tokenizer.encode(PROMPTS[1])
+    decoded = []
+    for each in (runner, reference):
+        slots = each.pool.alloc(len(ids))
+        prefix = len(ids) - 1
+        head = Segment(token_ids=ids[:prefix], start=0, kv_slots=slots[:prefix], logits_from=prefix)
+        each.forward([head])
+        step = Segment(token_ids=ids[prefix:], start=prefix, kv_slots=slots, logits_from=0)
+        assert each is reference or runner.decode_step.takes([step])
+        decoded.append(each.forward([step]).rows(0))
+    got, want = decoded
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()

@@ -14,10 +14,10 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.kvcache.kv_pool import KVPool
 from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.models.llama import LlamaForCausalLM, head_dim_of
-from sgl_lite.backend.runner.weights import quant
+from sgl_lite.backend.runner.weights import gguf_blocks, quant
 from sgl_lite.backend.runner.weights.cpu import cpu_caps, rows_invariant
 from sgl_lite.backend.runner.weights.formats import resolve_format
-from sgl_lite.backend.runner.weights.gguf_tensors import _decode_blocks, read_quantized
+from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.runner.weights.packing import pack_model
 from sgl_lite.backend.types import Segment
 from tests.support.tiny import TINY_LLAMA
@@ -63,14 +63,16 @@ def _perplexity(logits: torch.Tensor, ids: list[int]) -> float:
     return math.exp(nll.item())
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_gguf_blocks_decode_as_the_gguf_package_dequantizes_them(kind):
+    """Blocks gguf-py's own quantizer wrote from float weights (every other type: random blocks
+    in tests/unit/test_gguf_blocks.py)."""
     from gguf import GGMLQuantizationType, quants
 
     rng = np.random.default_rng(0)
     weight = rng.normal(size=(16, 128)).astype(np.float32)
     raw = quants.quantize(weight, GGMLQuantizationType[kind])
-    ours = _decode_blocks(kind, raw, 16).dequantize()
+    ours = gguf_blocks.decode(int(GGMLQuantizationType[kind]), raw).dequantize()
     theirs = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[kind]))
     assert torch.equal(ours, theirs.float())
 

@@ -31,9 +31,11 @@ from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.runner.weights.packing import (
     PackedModel,
     exact_codes,
+    file_formats,
     pack_model,
     shape_problem,
 )
+from sgl_lite.backend.runner.weights.packing import file_kind as packed_file_kind
 from sgl_lite.backend.runner.weights.quant import GroupAffine
 
 if TYPE_CHECKING:
@@ -77,11 +79,10 @@ def prepare_weights(
     source = gguf_source(folder) if config.quantization in ("auto", "int4") else None
     if source is not None and on_cpu:
         quantized = read_quantized(source, hf_config)
-    layer_bits = {w.bits for n, w in quantized.items() if n.startswith("model.layers.")}
-    file_kind = {4: "int4", 8: "int8"}.get(layer_bits.pop()) if len(layer_bits) == 1 else None
+    file_kind = packed_file_kind(model, quantized) if quantized else None
     kind = config.quantization if config.quantization in ("int4", "int8") else file_kind
     problem = shape_problem(model, kind) if kind and on_cpu else None
-    note = ""
+    note = f"; the file's linears: {file_formats(model, quantized)}" if file_kind else ""
     if problem and config.quantization == "auto":
         file_kind, note = None, f"; int kernels skipped: {problem}"
     elif problem:

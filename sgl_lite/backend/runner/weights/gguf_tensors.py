@@ -1,7 +1,7 @@
 """The quantized tensors of a GGUF file, read raw (not dequantized) and named as in transformers.
 
-Only the block formats that map onto our int kernels are decoded: Q4_0 and Q4_1 (4-bit codes,
-groups of 32) and Q8_0 (8-bit codes, groups of 32). Other tensors are left to the dequantized
+The block formats with an exact integer form (`gguf_blocks`: Q4_0/1, Q5_0/1, Q8_0, Q2_K to Q6_K)
+are decoded into codes, scales and offsets. Other tensors are left to the dequantized
 safetensors copy the loader made. llama.cpp's converter permutes the rows of a Llama model's
 q/k projections (its RoPE pairs adjacent dimensions, HF's pairs halves); we undo it exactly as
 transformers' GGUF loader does, so the rows line up with the safetensors weights.
@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from transformers import PretrainedConfig
 
-from sgl_lite.backend.runner.weights.quant import GROUP, GroupAffine
+from sgl_lite.backend.runner.weights import gguf_blocks
+from sgl_lite.backend.runner.weights.quant import GroupAffine
 
 # GGUF tensor name (after "blk.{i}.") → transformers name (after "model.layers.{i}.")
 _LAYER_NAMES = {
@@ -48,40 +49,12 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def _decode_blocks(kind: str, raw: np.ndarray, rows: int) -> GroupAffine:
-    """Raw block bytes (rows, bytes per row) → codes, scales and offsets."""
-    if kind in ("Q4_0", "Q4_1"):
-        head = 2 if kind == "Q4_0" else 4  # fp16 d (and fp16 m for Q4_1), then 16 code bytes
-        blocks = raw.reshape(rows, -1, head + GROUP // 2)
-        d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-        if kind == "Q4_1":
-            offset = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        else:  # Q4_0: w = d * (q - 8)
-            offset = -8 * d
-        codes = blocks[..., head:]
-        # a block's first 16 weights are the low nibbles, the last 16 the high ones
-        q = np.concatenate([codes & 0x0F, codes >> 4], axis=-1).reshape(rows, -1)
-        return GroupAffine(
-            torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(offset), bits=4
-        )
-    if kind == "Q8_0":
-        blocks = raw.reshape(rows, -1, 2 + GROUP)
-        d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-        q = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
-        return GroupAffine(
-            torch.from_numpy(q), torch.from_numpy(d), torch.zeros_like(torch.from_numpy(d)), bits=8
-        )
-    raise ValueError(f"unsupported GGUF block type {kind}")
-
-
 def _unpermute_rows(rows: int, n_head: int) -> torch.Tensor:
     """The row order that undoes llama.cpp's q/k permutation for `n_head` heads."""
     index = torch.arange(rows)
     return index.view(n_head, rows // n_head // 2, 2).transpose(1, 2).reshape(rows)
 
 
-# ggml type ids of the block formats we decode, and bytes per block of 32 weights
-_BLOCK_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
 # GGUF metadata value types with a fixed size: type id → struct format
 _SCALARS = {
     0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
@@ -256,7 +229,8 @@ _MAX_HEADERS = 8
 
 
 def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffine]:
-    """Every Q4_0/Q4_1/Q8_0 weight of the file, by transformers parameter name.
+    """Every linear weight of the file in a block format with an exact integer form
+    (`gguf_blocks`: Q4_0/1, Q5_0/1, Q8_0 and the K formats), by transformers parameter name.
 
     q/k rows are un-permuted exactly when transformers' GGUF loader un-permutes them: for files
     whose `general.architecture` is "llama" (llama.cpp permutes Llama and Mistral, not Qwen2).
@@ -267,17 +241,16 @@ def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffin
     with open(path, "rb") as file:
         data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     for info in header.tensors:
-        hf, block = hf_name(info.name), _BLOCK_TYPES.get(info.type_id)
+        hf, block = hf_name(info.name), gguf_blocks.BLOCK_TYPES.get(info.type_id)
         if hf is None or block is None:
             continue
-        block_kind, block_bytes = block
         rows, cols = int(np.prod(info.dims[1:])), info.dims[0]  # innermost dimension first
-        size = rows * cols // GROUP * block_bytes
+        size = rows * cols // block.weights * block.bytes
         raw = np.frombuffer(data, np.uint8, size, header.data_start + info.offset)
         raw = raw.reshape(rows, -1)
         if permute and hf.endswith(("q_proj.weight", "k_proj.weight")):
             # whole rows of blocks move, so permuting the raw bytes is exact and cheap
             heads = config.num_key_value_heads if "k_proj" in hf else config.num_attention_heads
             raw = raw[_unpermute_rows(rows, heads).numpy()]
-        out[hf] = _decode_blocks(block_kind, raw, rows)
+        out[hf] = gguf_blocks.decode(info.type_id, raw)
     return out

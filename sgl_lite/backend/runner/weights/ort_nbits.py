@@ -1,16 +1,17 @@
 """Group-quantized matrices on onnxruntime's `MatMulNBits` kernel, called from torch.
 
 onnxruntime's CPU build ships MLAS block-quantized GEMV/GEMM kernels (4 and 8 bits, blocks of
-32, int8 activations under `accuracy_level=4`) that run a batch-1 decode step's linears about
+16 to 256, int8 activations under `accuracy_level=4`) that run a batch-1 decode step's linears about
 twice as fast as torch's `_weight_int4pack_mm_for_cpu` on the same machine, and take float32
 activations, so the step needs no bf16 casts around each linear.
 
 The file's numerics are kept: `MatMulNBits` dequantizes w = (c - z) * s with an integer zero
 point z per block, while GGUF's Q4_1 stores w = s * q + m with a float minimum m. We pass the
 file's codes c = q and scales s unchanged, z = round(-m / s) (clipped to the code range), and
-add the remainder r = m + z * s exactly: per block, sum(x over the block) * r, a (T, K/32) @
-(K/32, N) product computed in the same graph. Q8_0 (int8 codes, no offset) maps to uint8 codes
-c = q + 128 with z = 128 and no remainder.
+add the remainder r = m + z * s exactly: per block, sum(x over the block) * r, a (T, K/g) @
+(K/g, N) product computed in the same graph. Q8_0 (int8 codes, no offset) maps to uint8 codes
+c = q + 128 with z = 128 and no remainder; so do the 5- and 6-bit formats' codes, held as 8-bit
+(gguf_blocks), Q6_K's in blocks of 16.
 
 Each matrix gets its own inference session (the weights are constant initializers, so MLAS
 packs them once at load); the call binds torch's input and output buffers directly (no copies).
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 from sgl_lite.backend.runner.weights import onnx_proto
-from sgl_lite.backend.runner.weights.quant import GROUP, GroupAffine
+from sgl_lite.backend.runner.weights.quant import GroupAffine
 
 logger = logging.getLogger("sgl_lite")
 
@@ -71,13 +72,13 @@ def session_options(threads: int) -> Any:
     return options
 
 
-def _pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
-    """(N, K) unsigned codes → the kernel's (N, K/32, 32*bits/8) bytes, low nibble first."""
+def _pack_codes(codes: np.ndarray, bits: int, group: int) -> np.ndarray:
+    """(N, K) unsigned codes → the kernel's (N, K/group, group*bits/8) bytes, low nibble first."""
     n, k = codes.shape
     if bits == 8:
-        return codes.astype(np.uint8).reshape(n, k // GROUP, GROUP)
+        return codes.astype(np.uint8).reshape(n, k // group, group)
     pairs = codes.astype(np.uint8).reshape(n, k // 2, 2)
-    return (pairs[..., 0] | (pairs[..., 1] << 4)).reshape(n, k // GROUP, GROUP // 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).reshape(n, k // group, group // 2)
 
 
 def _pack_zero_points(zero: np.ndarray, bits: int) -> np.ndarray:
@@ -99,7 +100,7 @@ def linear_nodes(
     x (T, K) float32 → y (T, N); every name but `x` and `y` starts with `prefix`. `accuracy`
     is the kernel's `accuracy_level` (4: int8 activations; 0: float32, much slower)."""
     n, k = w.q.shape
-    blocks, bits = k // GROUP, w.bits
+    blocks, bits = k // w.group, w.bits
     scale = w.scale.numpy().astype(np.float32)
     offset = w.offset.numpy().astype(np.float32)
     shift = _CODE_SHIFT[bits]
@@ -107,11 +108,15 @@ def linear_nodes(
     codes = w.q.numpy()
     # 4-bit codes are unsigned already; 8-bit ones shift into the kernel's unsigned range.
     codes = codes.view(np.uint8) if bits == 4 else (codes.astype(np.int16) + shift).astype(np.uint8)
-    zero = np.clip(np.round(shift - offset / scale), 0, top)  # (N, blocks)
+    # A block whose scale is 0 (real files have them: an all-zero block) is its offset alone:
+    # zero point `shift`, so (c - z) * s is 0 and the remainder is the offset, not 0/0 = NaN.
+    live = scale != 0
+    ratio = np.divide(offset, scale, out=np.zeros_like(offset), where=live)
+    zero = np.clip(np.round(shift - ratio), 0, top)  # (N, blocks)
     remainder = offset + (zero - shift) * scale  # w = (c - z) * s + remainder, exactly
     p = prefix
     consts = {
-        p + "B": _pack_codes(codes, bits),
+        p + "B": _pack_codes(codes, bits, w.group),
         p + "S": scale.reshape(-1),
         p + "Z": _pack_zero_points(zero, bits),
     }
@@ -124,12 +129,12 @@ def linear_nodes(
         K=k,
         N=n,
         bits=bits,
-        block_size=GROUP,
+        block_size=w.group,
         accuracy_level=accuracy,
     )
     nodes = [matmul]
     if not exact:
-        consts[p + "blocked"] = np.array([0, blocks, GROUP], np.int64)
+        consts[p + "blocked"] = np.array([0, blocks, w.group], np.int64)
         consts[p + "last"] = np.array([-1], np.int64)
         consts[p + "R"] = np.ascontiguousarray(remainder.T)  # (blocks, N)
         nodes += [
@@ -186,12 +191,12 @@ class OrtNBitsWeight:
 
     @classmethod
     def from_affine(cls, w: GroupAffine, threads: int) -> OrtNBitsWeight:
-        """Builds the session for the file's codes `w` (4- or 8-bit, blocks of 32)."""
+        """Builds the session for the file's codes `w` (4- or 8-bit, blocks of `w.group`)."""
         if w.bits not in _CODE_SHIFT:
             raise ValueError(f"MatMulNBits takes 4- or 8-bit codes, got {w.bits}-bit")
         n, k = w.q.shape
-        if k % GROUP:
-            raise ValueError(f"in_features={k} is not a multiple of {GROUP}")
+        if k % w.group:
+            raise ValueError(f"in_features={k} is not a multiple of {w.group}")
         nodes, consts = linear_nodes(w, "A", "Y")
         session = make_session(
             nodes,

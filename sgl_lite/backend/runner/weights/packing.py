@@ -115,35 +115,65 @@ def _affine_int8(weight: torch.Tensor) -> GroupAffine:
 
 
 def _file_parts(
-    quantized: dict[str, GroupAffine], layer: int, name: str, bits: int
+    quantized: dict[str, GroupAffine], layer: int, name: str, bits: int | None
 ) -> list[GroupAffine] | None:
-    """The file's own `bits`-wide codes of fused linear `name`'s parts in `layer`, or None
-    where the file lacks any of them at that width."""
+    """The file's own codes of fused linear `name`'s parts in `layer` (`bits` wide, or of any
+    width for None), or None where the file lacks any of them."""
     parts = [quantized.get(f"model.layers.{layer}.{p}.weight") for p in FUSED_PARTS[name]]
-    if all(p is not None and p.bits == bits for p in parts):
+    if all(p is not None and bits in (None, p.bits) for p in parts):
         return parts  # type: ignore[return-value]
     return None
 
 
 def _file_codes(
-    quantized: dict[str, GroupAffine], layer: int, name: str, bits: int
+    quantized: dict[str, GroupAffine], layer: int, name: str, bits: int | None
 ) -> GroupAffine | None:
-    """Fused linear `name` of `layer` from the file's own `bits`-wide codes, or None where the
-    file lacks any of its parts at that width."""
+    """Fused linear `name` of `layer` from the file's own codes (`bits` wide, or whatever the
+    file holds for None: parts of different formats widened to one, exactly), or None where
+    the file lacks any of its parts."""
     parts = _file_parts(quantized, layer, name, bits)
     return GroupAffine.cat(parts) if parts is not None else None
+
+
+def file_kind(model: Any, quantized: dict[str, GroupAffine]) -> str | None:
+    """The int kernel kind that holds every decoder linear of the file exactly: "int4" where
+    each is 4-bit codes in groups of 32 (Q4_0, Q4_1, Q4_K), "int8" where each has integer codes
+    of some width (Q5_x, Q6_K, Q8_0, and the mixed files llama.cpp writes: Q4_K_M is Q4_K
+    beside Q6_K), None where any linear has no integer form in the file (float, IQ formats)."""
+    formats = set()
+    for i, name, _ in _linears(model):
+        codes = _file_codes(quantized, i, name, None)
+        if codes is None:
+            return None
+        formats.add((codes.bits, codes.group))
+    if not formats:
+        return None
+    return "int4" if formats == {(4, 32)} else "int8"
+
+
+def file_formats(model: Any, quantized: dict[str, GroupAffine]) -> str:
+    """The decoder linears' codes in words, for the start-up line: "60 4-bit/32, 30 8-bit/16"."""
+    counts: dict[tuple[int, int], int] = {}
+    for i, name, _ in _linears(model):
+        codes = _file_codes(quantized, i, name, None)
+        if codes is not None:
+            key = (codes.bits, codes.group)
+            counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} {b}-bit/{g}" for (b, g), n in sorted(counts.items()))
 
 
 def exact_codes(
     model: Any, kind: str, quantized: dict[str, GroupAffine]
 ) -> tuple[dict[str, GroupAffine], GroupAffine]:
     """Block codes for onnxruntime's MatMulNBits: each decoder linear's by "<layer>.<linear>"
-    (`kind`'s width) and the head's (8 bits), the file's own where it has them at that width,
-    else rounded from the float weights (the rule `pack_model` follows for that kernel)."""
+    and the head's (8 bits), the file's own where it has them, else rounded from the float
+    weights at `kind`'s width (the rule `pack_model` follows for that kernel)."""
     bits = {"int4": 4, "int8": 8}[kind]
     codes = {}
     for i, name, linear in _linears(model):
-        affine = _file_codes(quantized, i, name, bits)
+        # The file's codes as they are (4- or 8-bit, groups of 16 or 32: MatMulNBits takes
+        # each), rounded from the float weights only where the file has none.
+        affine = _file_codes(quantized, i, name, None)
         if affine is None:
             weight = linear.weight.detach()
             affine = affine_int4(weight) if bits == 4 else _affine_int8(weight)
@@ -226,7 +256,8 @@ def pack_model(
             continue
         # torch's int8 kernel has one scale per row, so only int4 (and onnxruntime's 8-bit
         # kernel, blocks of 32 like Q8_0) take the file's codes as they are.
-        bits = {"int4": 4, "int8": 8}[kind]
+        # torch's int4 kernel takes the file's 4-bit codes; MatMulNBits any of its codes.
+        bits = 4 if kernel == "torch" else None
         exact = kind == "int4" or kernel == "onnxruntime"
         from_file += exact and _file_parts(quantized, i, name, bits) is not None
         packed = done.get(id(linear))

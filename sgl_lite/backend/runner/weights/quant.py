@@ -23,17 +23,18 @@ INT_KINDS = ("int4", "int8")
 
 @dataclass(frozen=True)
 class GroupAffine:
-    """Codes q (N, K) with w = scale * q + offset per row and group of GROUP columns."""
+    """Codes q (N, K) with w = scale * q + offset per row and group of `group` columns."""
 
     q: torch.Tensor  # (N, K) integer codes (uint8 for 4-bit, int8 for 8-bit)
-    scale: torch.Tensor  # (N, K // GROUP) float32
-    offset: torch.Tensor  # (N, K // GROUP) float32
+    scale: torch.Tensor  # (N, K // group) float32
+    offset: torch.Tensor  # (N, K // group) float32
     bits: int
+    group: int = GROUP  # 32 for Q4_x/Q5_x/Q8_0 and the K formats' 32-wide sub-blocks; 16 for Q6_K
 
     def dequantize(self) -> torch.Tensor:
         """The float32 matrix (N, K) the codes stand for."""
         n, k = self.q.shape
-        groups = self.q.view(n, k // GROUP, GROUP).float()
+        groups = self.q.view(n, k // self.group, self.group).float()
         return (groups * self.scale[..., None] + self.offset[..., None]).view(n, k)
 
     def permute_rows(self, order: torch.Tensor) -> GroupAffine:
@@ -43,18 +44,40 @@ class GroupAffine:
             self.scale.index_select(0, order),
             self.offset.index_select(0, order),
             self.bits,
+            self.group,
         )
+
+    def widened(self, bits: int, group: int) -> GroupAffine:
+        """The same matrix as `bits`-wide codes in groups of `group` (no wider, no coarser: 4-bit
+        codes become the same values as 8-bit codes, and a group splits into smaller groups
+        with the same scale and offset), so exactly the same weights."""
+        if bits < self.bits or self.group % group:
+            raise ValueError(
+                f"cannot hold {self.bits}-bit codes in groups of {self.group} as "
+                f"{bits}-bit codes in groups of {group}"
+            )
+        q = self.q if bits == self.bits else self.q.to(torch.int8)
+        repeat = self.group // group
+        scale, offset = self.scale, self.offset
+        if repeat > 1:
+            scale = scale.repeat_interleave(repeat, dim=1)
+            offset = offset.repeat_interleave(repeat, dim=1)
+        return GroupAffine(q, scale, offset, bits, group)
 
     @staticmethod
     def cat(parts: list[GroupAffine]) -> GroupAffine:
-        """Rows of several matrices stacked (fused q/k/v or gate/up)."""
-        if len({p.bits for p in parts}) != 1:
-            raise ValueError("cannot fuse matrices quantized with different bit widths")
+        """Rows of several matrices stacked (fused q/k/v or gate/up). Parts of different widths
+        or groups (Q4_K beside Q6_K) are first widened to the widest codes and finest groups,
+        which holds each exactly."""
+        bits = max(p.bits for p in parts)
+        group = min(p.group for p in parts)
+        parts = [p if (p.bits, p.group) == (bits, group) else p.widened(bits, group) for p in parts]
         return GroupAffine(
             torch.cat([p.q for p in parts]),
             torch.cat([p.scale for p in parts]),
             torch.cat([p.offset for p in parts]),
-            parts[0].bits,
+            bits,
+            group,
         )
 
 
@@ -86,8 +109,11 @@ class Int4Weight:
     @classmethod
     def from_affine(cls, w: GroupAffine) -> Int4Weight:
         """Packs 4-bit codes (0..15) exactly; only scale and zero are rounded to bf16."""
-        if w.bits != 4:
-            raise ValueError(f"int4 packing needs 4-bit codes, got {w.bits}-bit")
+        if w.bits != 4 or w.group != GROUP:
+            raise ValueError(
+                f"int4 packing needs 4-bit codes in groups of {GROUP}, got {w.bits}-bit codes "
+                f"in groups of {w.group}"
+            )
         n, k = w.q.shape
         check_shape("int4", n, k)
         # (K // GROUP, N, 2) written in place, rounded to bf16 once (no stacked float copy)
