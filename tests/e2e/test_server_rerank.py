@@ -103,10 +103,13 @@ def test_the_documents_share_the_prompt_before_them(url, engine):
     shared = next(i for i, column in enumerate(zip(*ids)) if len(set(column)) > 1)
     cached = sorted(item["meta_info"]["cached_tokens"] for item in items)
     assert cached[0] == 0 and all(c >= shared - 2 for c in cached[1:]), (cached, shared)
-    # the same document twice scores the same, served from the cache or not
+    # the same document twice scores the same, served from the cache or not: to the fast
+    # mode's rounding, since the copy served from the cache recomputes its last two tokens
+    # (their logprobs are asked for) in a pass of a few rows, on other kernels than the first
+    # copy's prefill (a wrong prefix would move the score by far more)
     by_doc: dict[int, float] = {item["index"]: item["score"] for item in items}
-    assert math.isclose(by_doc[0], by_doc[2], rel_tol=1e-5)
-    assert math.isclose(by_doc[1], by_doc[3], rel_tol=1e-5)
+    assert math.isclose(by_doc[0], by_doc[2], rel_tol=1e-3)
+    assert math.isclose(by_doc[1], by_doc[3], rel_tol=1e-3)
 
 
 @pytest.mark.parametrize(

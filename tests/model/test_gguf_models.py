@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
@@ -98,6 +98,13 @@ CASES = {
     "llama-f32": (LlamaConfig, "llama", None, {"tie_word_embeddings": False}),
     "llama-tied-q8_0": (LlamaConfig, "llama", "Q8_0", {"tie_word_embeddings": True}),
     "qwen2-f32": (Qwen2Config, "qwen2", None, {"tie_word_embeddings": False}),
+    # per-head q/k norms, and a head size of its own (32, not hidden / heads = 16)
+    "qwen3-tied-q8_0": (
+        Qwen3Config,
+        "qwen3",
+        "Q8_0",
+        {"tie_word_embeddings": True, "head_dim": 32},
+    ),
 }
 
 

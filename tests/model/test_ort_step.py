@@ -14,11 +14,11 @@ from sgl_lite.backend.types import Segment
 from tests.support.tiny import DECODE_VOCAB, TINY_LLAMA, prefill_random, tiny_runner
 
 
-def _runner_on_codes():
+def _runner_on_codes(model_type: str = "llama", **overrides):
     """A tiny runner whose dense weights are exactly its int4 codes (and 8-bit head), and the
     onnxruntime step built from those codes: the two paths differ only in how activations
     are rounded inside the kernels."""
-    runner = tiny_runner()
+    runner = tiny_runner(model_type, **overrides)
     model = runner.model
     codes, head = exact_codes(model, "int4", {})
     with torch.no_grad():
@@ -60,8 +60,13 @@ def _decode_segments(seqs, lengths, step_no, active):
     return segments
 
 
-def test_ort_step_matches_the_torch_step_over_ragged_batches_that_shrink():
-    runner, step = _runner_on_codes()
+# The families the graph builds: Llama's block, Qwen2's biases, Qwen3's per-head q/k norms.
+FAMILIES = {"llama": {}, "qwen2": {}, "qwen3": {"head_dim": 16}}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_ort_step_matches_the_torch_step_over_ragged_batches_that_shrink(family):
+    runner, step = _runner_on_codes(family, **FAMILIES[family])
     seqs = prefill_random(runner, [5, 40, 17])
     grown = [(ids, torch.cat([slots[:-1], runner.pool.alloc(12)])) for ids, slots in seqs]
     snapshot = (runner.pool.k.clone(), runner.pool.v.clone())
@@ -194,8 +199,8 @@ def test_which_passes_take_the_graph():
 @pytest.mark.parametrize(
     "change, reason",
     [
-        ({"model_type": "qwen3", "head_dim": 16}, "block differs"),
-        ({"attention_bias": True}, "biases"),
+        ({"model_type": "olmo2"}, "post-norm"),
+        ({"partial_rotary_factor": 0.5}, "partial rotary"),
     ],
 )
 def test_models_the_graph_does_not_build_keep_the_torch_step_and_say_why(change, reason):

@@ -67,20 +67,28 @@ TINY_LLAMA = dict(
 DECODE_VOCAB = 211  # the decode-step tests' vocabulary: TINY_LLAMA's shapes, fewer ids
 
 
-def tiny_runner() -> Any:
-    """A ModelRunner over a tiny random Llama (TINY_LLAMA's shapes, DECODE_VOCAB ids, seed 0)
-    and a 400-slot pool, built without a model folder, for tests that drive decode steps."""
+def tiny_runner(model_type: str = "llama", **overrides: Any) -> Any:
+    """A ModelRunner over a tiny random model of `model_type` (TINY_LLAMA's shapes and
+    `overrides`, DECODE_VOCAB ids, seed 0; biases, where the family has them, random too) and
+    a 400-slot pool, built without a model folder, for tests that drive decode steps."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from sgl_lite.backend.kvcache.kv_pool import KVPool
     from sgl_lite.backend.runner.model_runner import ModelRunner
-    from sgl_lite.backend.runner.models.llama import LlamaForCausalLM, head_dim_of
+    from sgl_lite.backend.runner.models import build_model
+    from sgl_lite.backend.runner.models.llama import head_dim_of
 
-    config = LlamaConfig(**{**TINY_LLAMA, "vocab_size": DECODE_VOCAB})
+    config = AutoConfig.for_model(
+        model_type, **{**TINY_LLAMA, "vocab_size": DECODE_VOCAB, **overrides}
+    )
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(config).eval()
-    model = LlamaForCausalLM(config, 128)
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if name.endswith(("bias", "q_norm.weight", "k_norm.weight")):
+                param.copy_(torch.randn_like(param) * 0.5 + (0 if "bias" in name else 1))
+    model = build_model(config, 128)
     model.load_hf_state_dict(hf.state_dict())
     runner = ModelRunner.__new__(ModelRunner)
     runner.model, runner.device = model.eval(), torch.device("cpu")

