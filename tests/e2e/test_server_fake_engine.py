@@ -17,13 +17,16 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.server import create_app
 from tests.support.fakes import ScriptedEngine
 from tests.support.server import serve, sse_events
+from tests.support.tiny import build_tiny_tokenizer
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
 def fake():
-    return ScriptedEngine()
+    engine = ScriptedEngine()
+    engine.tokenizer = build_tiny_tokenizer()  # the chat route renders its template
+    return engine
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +94,35 @@ def test_openai_names_the_fake_model_and_rejects_others(url):
         json={"model": "fake", "prompt": "x", "regex": "slow", "max_tokens": 2},
     )
     assert response.status_code == 400
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_output_that_failed_its_final_check_is_flagged_on_the_openai_routes(url, route, stream):
+    """Native /generate reports a failed final check in meta_info; the OpenAI routes carry it
+    on the choice (streamed: on the final chunk's), never as a bare `stop`."""
+    body = {"model": "fake", "regex": "invalid", "max_tokens": 4, "stream": stream}
+    body.update(
+        {"prompt": "x"} if "chat" not in route else {"messages": [{"role": "user", "content": "x"}]}
+    )
+    if not stream:
+        choice = httpx.post(f"{url}{route}", json=body, timeout=10).json()["choices"][0]
+    else:
+        with httpx.stream("POST", f"{url}{route}", json=body, timeout=10) as response:
+            events = [e for e in sse_events(response.iter_lines()) if isinstance(e, dict)]
+        choice = next(
+            c for e in events for c in e.get("choices", []) if c.get("finish_reason") is not None
+        )
+    assert choice["finish_reason"] == "stop"
+    assert choice["constraint_violation"] == "'ab' does not match"
+
+
+def test_a_response_whose_output_failed_its_final_check_has_failed():
+    from sgl_lite.server.openai.responses_output import response_status
+
+    meta = {"finish_reason": {"type": "stop"}, "constraint_violation": "missing 'name'"}
+    assert response_status({"meta_info": meta}) == "failed"
+    assert response_status({"meta_info": {**meta, "constraint_violation": None}}) == "completed"
 
 
 def test_cli_flags_become_engine_config_and_bind_loopback_by_default():

@@ -302,3 +302,21 @@ def test_a_k_quant_file_runs_its_own_codes_in_the_decode_step(tmp_path, tokenize
         decoded.append(each.forward([step]).rows(0))
     got, want = decoded
     assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
+def test_the_decode_step_runs_the_files_codes_where_torchs_int_kernels_lose(
+    tmp_path, tokenizer, monkeypatch
+):
+    """Where torch's int kernels lose to the dense GEMM (they are dropped for the short
+    passes), decode steps still run the file's codes as one onnxruntime graph."""
+    from sgl_lite.backend.runner.weights import choose
+
+    monkeypatch.setattr(choose, "_choose", lambda *args: "dense is faster (forced by the test)")
+    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+    gguf_file = tmp_path / "tiny-q4.gguf"
+    write_gguf(gguf_file, model, tokenizer, quantize_linears="Q4_0")
+    config = EngineConfig(max_total_tokens=256, device="cpu", num_threads=NUM_THREADS)
+    runner = ModelRunner(resolve_model_path(gguf_file), config)
+    assert runner.format.int_kind is None and "forced by the test" in runner.format.reason
+    assert runner.decode_step is not None, runner.format.describe()
+    assert "one onnxruntime graph" in runner.format.reason

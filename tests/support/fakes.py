@@ -10,6 +10,7 @@ real engine cannot be made to give on demand (see its docstring).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
@@ -143,7 +144,8 @@ def output(rid: str, text: str, ids: list[int], start: int, reason: FinishReason
 class ScriptedEngine:
     """The engine API the server uses (submit, abort, info), answering per the request's regex:
     "bad" is refused at submit, "slow" aborts like a grammar compile timeout, "boom" crashes,
-    "hang" sends one token and then nothing until aborted; anything else streams "a", "b".
+    "hang" sends one token and then nothing until aborted, "invalid" finishes with an output
+    that failed its final check; anything else streams "a", "b".
 
     Not the real Engine over a fake runner: the server's mapping of a compile timeout and of an
     engine crash to HTTP is what its tests check, and the real engine reaches the first only
@@ -177,6 +179,10 @@ class ScriptedEngine:
             message = "grammar compile timed out after 10 s"
             reason = FinishReason.abort(message, InvalidRequest("regex", message))
             sink(output(rid, "", [], 0, reason))
+        elif regex == "invalid":  # finished, but failed the constraint's final check
+            final = output(rid, "ab", [1, 2], 0, FinishReason.stop(2))
+            violation = {"budget_closed": False, "constraint_violation": "'ab' does not match"}
+            sink(dataclasses.replace(final, constraint=violation))
         else:
             sink(output(rid, "a", [1], 0, None))
             sink(output(rid, "b", [2], 1, FinishReason.length_reached(2)))

@@ -53,6 +53,9 @@ class ModelRunner:
             model.load_hf_state_dict(state)
         except ModelLoadError as exc:  # it names the tensor; add the folder
             raise ModelLoadError(f"{model_folder}: {exc}") from exc
+        # The fused linears are copies (q/k/v, gate/up concatenated): the checkpoint's own
+        # tensors would otherwise stay alive beside them until the runner is built.
+        del state
         self.format, pack_note, self.decode_step = prepare_weights(
             model, model_folder, self.hf_config, config, self.device
         )

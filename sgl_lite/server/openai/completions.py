@@ -145,10 +145,17 @@ def _prompt_text(engine: Any, prompt: Any, i: int) -> str:
 
 
 def _finish(meta: dict[str, Any]) -> dict[str, Any]:
+    """A choice's finish fields. An output that failed its constraint's final check (a JSON
+    Schema, regex or grammar) carries `constraint_violation` (the reason, as native
+    `/generate` reports it in `meta_info`) beside its finish reason, so a client never takes it
+    for an ordinary success."""
     reason = meta.get("finish_reason")
     if reason is None:
         return {"finish_reason": None}
-    return {"finish_reason": reason["type"], "matched_stop": reason.get("matched")}
+    fields = {"finish_reason": reason["type"], "matched_stop": reason.get("matched")}
+    if meta.get("constraint_violation") is not None:
+        fields["constraint_violation"] = meta["constraint_violation"]
+    return fields
 
 
 def _chat_logprobs(meta: dict[str, Any], start: int) -> dict[str, Any]:

@@ -24,7 +24,10 @@ from sgl_lite.server.openai.tools import ToolPlan
 
 
 def response_status(result: dict[str, Any]) -> str:
-    """The response status a final engine result stands for."""
+    """The response status a final engine result stands for: an output that failed its
+    constraint's final check has failed, whatever ended it."""
+    if result["meta_info"].get("constraint_violation") is not None:
+        return "failed"
     kind = (result["meta_info"]["finish_reason"] or {}).get("type")
     return {"stop": "completed", "length": "incomplete"}.get(str(kind), "failed")
 
@@ -185,6 +188,12 @@ class ResponseDraft:
         status = response_status(result) if result is not None else "in_progress"
         meta = result["meta_info"] if result is not None else None
         reason = (meta or {}).get("finish_reason") or {}
+        violation = (meta or {}).get("constraint_violation")
+        message = (
+            f"the output failed its constraint's final check: {violation}"
+            if violation is not None
+            else reason.get("message") or "generation failed"
+        )
         tool_choice: Any = req.tool_choice or "auto"
         if not isinstance(tool_choice, str):
             tool_choice = tool_choice.model_dump()
@@ -196,11 +205,7 @@ class ResponseDraft:
             "status": status,
             "background": False,
             "completed_at": int(time.time()) if status == "completed" else None,
-            "error": (
-                {"code": "server_error", "message": reason.get("message") or "generation failed"}
-                if status == "failed"
-                else None
-            ),
+            "error": ({"code": "server_error", "message": message} if status == "failed" else None),
             "incomplete_details": (
                 {"reason": "max_output_tokens"} if status == "incomplete" else None
             ),

@@ -104,10 +104,14 @@ def prepare_weights(
     key = (str(folder), kind, config.dtype, config.quantization, threads)
     # The fused linears' block codes once, for torch's int4 packing and the onnxruntime step.
     codes = exact_codes(model, fmt.int_kind, quantized) if _wants_codes(model, fmt) else None
+    kind = fmt.int_kind
+    assert kind is not None
     fmt, note = _install_fast(model, fmt, quantized, config, caps, threads, note, key, codes)
-    if fmt.int_kind is None:  # the probes dropped the int kernels
+    if fmt.int_kind is None and not quantized:  # the probes dropped the int kernels
         return PreparedWeights(fmt, note)
-    step, step_note = _decode_step(model, fmt.int_kind, quantized, threads, codes)
+    # The decode step runs the file's own codes whether or not torch's int kernels beat the
+    # dense GEMM for the other short passes (the whole step as one graph is what wins there).
+    step, step_note = _decode_step(model, kind, quantized, threads, codes)
     # In the format's reason, so the start-up line and /get_server_info say which step runs.
     return PreparedWeights(replace(fmt, reason=fmt.reason + step_note), note, step)
 
