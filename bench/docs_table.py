@@ -255,9 +255,12 @@ def regenerate_command(results_path: Path, out_path: Path) -> str:
     return f"python -m bench.docs_table --results {results_path} --out {out_path}"
 
 
-def render(results: dict, *, source: str, regenerate: str, chart: bool) -> str:
+def render(
+    results: dict, *, source: str, regenerate: str, chart: bool, shapes: dict | None = None
+) -> str:
     """The Markdown page for `results`; `source` is the JSON's path as the page links it,
-    `regenerate` the command that rewrites the page, `chart` whether the PNG is beside it."""
+    `regenerate` the command that rewrites the page, `chart` whether the PNG is beside it,
+    `shapes` the model-shapes results where there are some."""
     head = [
         "# Performance",
         "",
@@ -287,7 +290,29 @@ def render(results: dict, *, source: str, regenerate: str, chart: bool) -> str:
     for w, block in results["workloads"].items():
         body += _workload(w, block)
     body += _targets(results)  # after the workloads: a target's "n/a" points at their notes
+    if shapes:
+        body += _shapes(shapes)
     return "\n".join([*head, *body, HOW]).rstrip() + "\n"
+
+
+SHAPES = "model_shapes.json"  # `python -m bench.model_shapes --out`, beside the results file
+
+
+def _shapes(shapes: dict) -> list[str]:
+    """The models-users-bring section: `bench.model_shapes`' table of its results."""
+    from bench.model_shapes import table
+
+    return [
+        "## Models of real shapes (GGUF) against llama-cpp-python",
+        "",
+        "Random-weight checkpoints of real models' sizes, converted and quantized by llama.cpp's "
+        f"own tools, each system in its own process on the same file (from [`{SHAPES}`]"
+        f"({SHAPES}), written by `python -m bench.model_shapes --out docs/{SHAPES}`; its "
+        "module doc says how each figure is measured):",
+        "",
+        table(shapes),
+        "",
+    ]
 
 
 def render_file(results_path: Path, out_path: Path) -> str:
@@ -295,8 +320,14 @@ def render_file(results_path: Path, out_path: Path) -> str:
     results = json.loads(results_path.read_text())
     source = Path(os.path.relpath(results_path.resolve(), out_path.resolve().parent)).as_posix()
     chart = (results_path.parent / CHART).exists()
+    shapes_path = results_path.parent / SHAPES
+    shapes = json.loads(shapes_path.read_text()) if shapes_path.exists() else None
     return render(
-        results, source=source, regenerate=regenerate_command(results_path, out_path), chart=chart
+        results,
+        source=source,
+        regenerate=regenerate_command(results_path, out_path),
+        chart=chart,
+        shapes=shapes,
     )
 
 

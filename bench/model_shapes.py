@@ -10,7 +10,8 @@ files mix block types per tensor as real downloads do. The files are kept in `--
 between runs (they are data, not CPU-specific).
 
 Each system runs in a fresh process per file, alone, with `--num-threads` threads: load time
-(constructor, file to ready), peak RSS (VmHWM after the whole run), prefill tok/s (one prompt
+(constructor, file to ready; sgl_lite's first load, which converts the file, is run and
+reported apart), peak RSS (VmHWM after the whole run), prefill tok/s (one prompt
 of `PREFILL` tokens, one new token), batch-1 decode tok/s (a ~100-token prompt, 128 new tokens,
 greedy, EOS ignored; one warm-up, the median of 3) and, for sgl_lite, 16 prompts' aggregate
 (64 new tokens each). Needs llama-cpp-python (`make bench-peers`).
@@ -121,10 +122,13 @@ def llama_cpp_sources(workdir: Path) -> Path:
             tar.extractall(tmp, filter="data")
         vendor = next(Path(tmp).glob("*/vendor/llama.cpp"))
         target.mkdir(parents=True, exist_ok=True)
-        for name in ("convert_hf_to_gguf.py", "gguf-py"):
+        # the converter and what it imports (its `conversion` package, where the version has one)
+        for name in ("gguf-py", "conversion", "convert_hf_to_gguf.py"):
             source = vendor / name
-            copy = shutil.copytree if source.is_dir() else shutil.copy
-            copy(source, target / name)
+            if source.is_dir():
+                shutil.copytree(source, target / name)
+            elif source.exists():
+                shutil.copy(source, target / name)
     return target
 
 
@@ -263,24 +267,26 @@ def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     """The markdown table docs/performance.md shows."""
     rows = [
         "| file | batch-1 tok/s ours / llama.cpp | ratio | prefill tok/s ours / llama.cpp | "
-        "ratio | 16 prompts tok/s | peak RSS GB ours / llama.cpp | load s ours / llama.cpp |",
-        "|---|---|---|---|---|---|---|---|",
+        "ratio | 16 prompts tok/s | peak RSS GB ours / llama.cpp | load s ours / llama.cpp "
+        "| first load s (converts) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, figs in results.items():
         ours, peer = figs.get("sgl_lite", {}), figs.get("llama_cpp", {})
         if "skipped" in ours or "skipped" in peer or not ours or not peer:
-            rows.append(f"| {name} | {ours.get('skipped') or peer.get('skipped')} | | | | | | |")
+            rows.append(f"| {name} | {ours.get('skipped') or peer.get('skipped')} | | | | | | | |")
             continue
 
         def pair(key: str, digits: int = 1, a: dict = ours, b: dict = peer) -> str:
             return f"{a[key]:.{digits}f} / {b[key]:.{digits}f}"
 
+        first = f"{ours['first_load_s']:.1f}" if "first_load_s" in ours else "–"
         decode = ours["decode_tok_s"] / peer["decode_tok_s"]
         prefill = ours["prefill_tok_s"] / peer["prefill_tok_s"]
         rows.append(
             f"| {name} | {pair('decode_tok_s')} | {decode:.2f} | {pair('prefill_tok_s', 0)} "
             f"| {prefill:.2f} | {ours['batch16_tok_s']:.0f} | {pair('peak_rss_gb', 2)} "
-            f"| {pair('load_s')} |"
+            f"| {pair('load_s')} | {first} |"
         )
     return "\n".join(rows)
 
@@ -300,12 +306,22 @@ def main() -> None:
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for shape in args.shapes.split(","):
         for quant in args.quants.split(","):
-            path = gguf_file(shape, quant, args.workdir)
             name = f"{shape} {quant}"
+            try:
+                path = gguf_file(shape, quant, args.workdir)
+            except (subprocess.CalledProcessError, RuntimeError) as exc:  # the converter's
+                reason = f"file not made: {exc}"
+                results[name] = {"sgl_lite": {"skipped": reason}, "llama_cpp": {"skipped": reason}}
+                continue
             results[name] = {}
             for system in ("llama_cpp", "sgl_lite"):
                 print(f"[{name}] {system} ...", flush=True)
+                first = None
+                if system == "sgl_lite":  # its first load converts the file (cached after)
+                    first = run_isolated(system, path, args.num_threads).get("load_s")
                 results[name][system] = run_isolated(system, path, args.num_threads)
+                if first is not None:
+                    results[name][system]["first_load_s"] = first
             print(json.dumps(results[name], indent=1), flush=True)
     print(table(results))
     if args.out:

@@ -135,30 +135,34 @@ def _file_codes(
     return GroupAffine.cat(parts) if parts is not None else None
 
 
+def _file_formats(model: Any, quantized: dict[str, GroupAffine]) -> list[tuple[int, int] | None]:
+    """Per fused decoder linear, the (bits, group) its file codes take once fused (the widest
+    parts' bits, the finest parts' group: `GroupAffine.cat`), or None where it has none."""
+    formats: list[tuple[int, int] | None] = []
+    for i, name, _ in _linears(model):
+        parts = _file_parts(quantized, i, name, None)
+        fused = None if parts is None else (max(p.bits for p in parts), min(p.group for p in parts))
+        formats.append(fused)
+    return formats
+
+
 def file_kind(model: Any, quantized: dict[str, GroupAffine]) -> str | None:
     """The int kernel kind that holds every decoder linear of the file exactly: "int4" where
     each is 4-bit codes in groups of 32 (Q4_0, Q4_1, Q4_K), "int8" where each has integer codes
     of some width (Q5_x, Q6_K, Q8_0, and the mixed files llama.cpp writes: Q4_K_M is Q4_K
     beside Q6_K), None where any linear has no integer form in the file (float, IQ formats)."""
-    formats = set()
-    for i, name, _ in _linears(model):
-        codes = _file_codes(quantized, i, name, None)
-        if codes is None:
-            return None
-        formats.add((codes.bits, codes.group))
-    if not formats:
+    formats = _file_formats(model, quantized)
+    if not formats or None in formats:
         return None
-    return "int4" if formats == {(4, 32)} else "int8"
+    return "int4" if set(formats) == {(4, 32)} else "int8"
 
 
 def file_formats(model: Any, quantized: dict[str, GroupAffine]) -> str:
     """The decoder linears' codes in words, for the start-up line: "60 4-bit/32, 30 8-bit/16"."""
     counts: dict[tuple[int, int], int] = {}
-    for i, name, _ in _linears(model):
-        codes = _file_codes(quantized, i, name, None)
-        if codes is not None:
-            key = (codes.bits, codes.group)
-            counts[key] = counts.get(key, 0) + 1
+    for fused in _file_formats(model, quantized):
+        if fused is not None:
+            counts[fused] = counts.get(fused, 0) + 1
     return ", ".join(f"{n} {b}-bit/{g}" for (b, g), n in sorted(counts.items()))
 
 
@@ -254,9 +258,9 @@ def pack_model(
     for i, name, linear in _linears(model):
         if widest_only and linear.in_features * linear.out_features != widest:
             continue
-        # torch's int8 kernel has one scale per row, so only int4 (and onnxruntime's 8-bit
-        # kernel, blocks of 32 like Q8_0) take the file's codes as they are.
-        # torch's int4 kernel takes the file's 4-bit codes; MatMulNBits any of its codes.
+        # torch's int8 kernel has one scale per row, so only its int4 kernel (4-bit codes in
+        # groups of 32) and onnxruntime's MatMulNBits (any of the file's codes) take them as
+        # they are.
         bits = 4 if kernel == "torch" else None
         exact = kind == "int4" or kernel == "onnxruntime"
         from_file += exact and _file_parts(quantized, i, name, bits) is not None
