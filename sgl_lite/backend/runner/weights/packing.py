@@ -136,13 +136,12 @@ def _file_codes(
 
 
 def _file_formats(model: Any, quantized: dict[str, GroupAffine]) -> list[tuple[int, int] | None]:
-    """Per fused decoder linear, the (bits, group) its file codes take once fused (the widest
-    parts' bits, the finest parts' group: `GroupAffine.cat`), or None where it has none."""
+    """Per fused decoder linear, the (bits, group) its file codes take once fused
+    (`GroupAffine.fused_format`), or None where it has none."""
     formats: list[tuple[int, int] | None] = []
     for i, name, _ in _linears(model):
         parts = _file_parts(quantized, i, name, None)
-        fused = None if parts is None else (max(p.bits for p in parts), min(p.group for p in parts))
-        formats.append(fused)
+        formats.append(None if parts is None else GroupAffine.fused_format(parts))
     return formats
 
 

@@ -65,12 +65,16 @@ class GroupAffine:
         return GroupAffine(q, scale, offset, bits, group)
 
     @staticmethod
+    def fused_format(parts: list[GroupAffine]) -> tuple[int, int]:
+        """(bits, group) of `parts` stacked by `cat`: the widest codes, the finest groups."""
+        return max(p.bits for p in parts), min(p.group for p in parts)
+
+    @staticmethod
     def cat(parts: list[GroupAffine]) -> GroupAffine:
         """Rows of several matrices stacked (fused q/k/v or gate/up). Parts of different widths
-        or groups (Q4_K beside Q6_K) are first widened to the widest codes and finest groups,
-        which holds each exactly."""
-        bits = max(p.bits for p in parts)
-        group = min(p.group for p in parts)
+        or groups (Q4_K beside Q6_K) are first widened to `fused_format`, which holds each
+        exactly."""
+        bits, group = GroupAffine.fused_format(parts)
         parts = [p if (p.bits, p.group) == (bits, group) else p.widened(bits, group) for p in parts]
         return GroupAffine(
             torch.cat([p.q for p in parts]),
