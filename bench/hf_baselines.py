@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import inspect
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,12 +31,22 @@ from bench.workloads import Workloads
 from sgl_lite.common import common_prefix_len
 
 
-def load_hf_model(folder: Any) -> Any:
+def load_hf_model(folder: Any, dtype: torch.dtype = torch.float32) -> Any:
+    """transformers' own implementation of a model folder's weights, for reference outputs: a
+    GGUF model's folder (config and tokenizer only) through transformers' GGUF loader, which
+    dequantizes the file itself."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    from sgl_lite.backend.runner.model_loader import gguf_source, load_config
+
     hf_logging.set_verbosity_error()
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    source = gguf_source(Path(folder))
+    if source is None:
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        source.parent, gguf_file=source.name, config=load_config(Path(folder)), dtype=dtype
+    ).eval()
 
 
 class _FirstToken:

@@ -133,9 +133,9 @@ def engine():
 @pytest.fixture(scope="session")
 def hf_smollm(smollm_folder):
     """transformers' own implementation of the same weights, for reference outputs."""
-    from transformers import AutoModelForCausalLM
+    from bench.hf_baselines import load_hf_model
 
-    return AutoModelForCausalLM.from_pretrained(smollm_folder, dtype=torch.float32).eval()
+    return load_hf_model(smollm_folder, torch.float32)
 
 
 # --- built in the test (unit, model) -----------------------------------------------------------

@@ -28,9 +28,9 @@ def _prompts(n: int, length: int, vocab: int = 512) -> list[list[int]]:
 
 
 def _hf_logits(folder, ids: list[int]) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
+    from bench.hf_baselines import load_hf_model
 
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
+    hf = load_hf_model(folder, torch.bfloat16).cuda().eval()
     with torch.no_grad():
         return hf(torch.tensor([ids], device="cuda")).logits[0].float()
 

@@ -37,7 +37,7 @@ def no_room_for_the_model() -> str | None:
     """Why 0.85 of this machine's free RAM cannot hold the model and a minimal pool, or None."""
     folder = resolve_model_path("default")
     dtype = memory.dense_dtype_name(EngineConfig(device="cpu"))
-    need = sizing.weight_bytes(folder, dtype)
+    need = memory.weight_bytes(folder, dtype)
     need += sizing.MIN_POOL_TOKENS * memory.kv_bytes_per_token(folder, dtype)
     free = sizing.available_cpu_memory()
     if free * FRACTION >= need:

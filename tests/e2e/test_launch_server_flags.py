@@ -121,7 +121,7 @@ def test_mem_fraction_static_sizes_the_pool_from_free_memory() -> None:
     # Sizes in the dtype the server will load (`auto`: bfloat16 on a CPU with a bf16 GEMM).
     dtype = memory.dense_dtype_name(EngineConfig())
     per_token = memory.kv_bytes_per_token(folder, dtype)
-    weights = sizing.weight_bytes(folder, dtype)
+    weights = memory.weight_bytes(folder, dtype)
     target = 12_000  # tokens: choose the fraction that should give about this many
     fraction = (weights + target * per_token) / sizing.available_cpu_memory()
     with running("--mem-fraction-static", f"{fraction:.5f}") as (url, _, _):

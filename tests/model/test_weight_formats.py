@@ -77,20 +77,30 @@ def test_gguf_blocks_decode_as_the_gguf_package_dequantizes_them(kind):
     assert torch.equal(ours, theirs.float())
 
 
-def test_embedded_gguf_codes_are_exactly_the_converted_weights(smollm_folder, smollm_tokenizer):
-    from safetensors.torch import load_file
+def test_embedded_gguf_tensors_are_exactly_transformers_dequantisation(smollm_folder):
+    """Our reader of the file (codes and dense tensors, names, q/k un-permuted) against
+    transformers' own GGUF loader, which dequantizes every tensor with gguf-py."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from sgl_lite.backend.runner.model_loader import gguf_source, load_config
+    from sgl_lite.backend.runner.model_loader import gguf_source, load_config, load_state_dict
 
     source = gguf_source(smollm_folder)
     assert source is not None and source.suffix == ".gguf"
-    codes = read_quantized(source, load_config(smollm_folder))
-    state = load_file(next(smollm_folder.glob("*.safetensors")))
+    config = load_config(smollm_folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    state = load_gguf_checkpoint(str(source), return_tensors=True, model_to_load=model)["tensors"]
+    state = {name: torch.as_tensor(tensor).float() for name, tensor in state.items()}
+    codes = read_quantized(source, config)
     layer_linears = [n for n in codes if n.startswith("model.layers.")]
     assert len(layer_linears) == 7 * 30 and {codes[n].bits for n in layer_linears} == {4}
-    # q/k rows come back un-permuted, every weight equal to transformers' own dequantisation
     for name, weight in codes.items():
         assert torch.equal(weight.dequantize(), state[name]), name
+    dense = load_state_dict(smollm_folder, config)
+    assert set(dense) == set(state)
+    for name, tensor in dense.items():
+        assert torch.equal(tensor, state[name]), name
 
 
 def test_int4_kernel_multiplies_by_its_kernel_matrix_and_stays_near_the_file():

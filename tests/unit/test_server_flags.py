@@ -82,11 +82,11 @@ def test_free_memory_readers(tmp_path) -> None:
 
 
 def test_weights_and_kv_sizes_of_the_embedded_model(smollm_folder) -> None:
-    files = sorted(smollm_folder.glob("*.safetensors"))
-    on_disk = sum(f.stat().st_size for f in files)  # float32 tensors plus small JSON headers
-    fp32 = sizing.weight_bytes(smollm_folder, "float32")
-    assert on_disk - 2**20 < fp32 <= on_disk
-    assert sizing.weight_bytes(smollm_folder, "bfloat16") * 2 == fp32
+    # SmolLM2-135M's 134,515,008 parameters (its GGUF folder holds no weights: the file's
+    # tensor shapes count them)
+    fp32 = memory.weight_bytes(smollm_folder, "float32")
+    assert fp32 == 4 * 134_515_008
+    assert memory.weight_bytes(smollm_folder, "bfloat16") * 2 == fp32
     # SmolLM2-135M: 30 layers, 3 KV heads of 64 dims; K and V in float32.
     assert memory.kv_bytes_per_token(smollm_folder, "float32") == 2 * 30 * 3 * 64 * 4
 
@@ -137,7 +137,7 @@ def test_resolve_mem_fraction_sizes_and_caps_the_pool(smollm_folder) -> None:
     # Sizes in the dtype the engine will load (`auto`: bfloat16 on a CPU with a bf16 GEMM).
     dtype = memory.dense_dtype_name(EngineConfig(device="cpu"))
     per_token = memory.kv_bytes_per_token(smollm_folder, dtype)
-    weights = sizing.weight_bytes(smollm_folder, dtype)
+    weights = memory.weight_bytes(smollm_folder, dtype)
     fraction = (weights + 50_000 * per_token) / sizing.available_cpu_memory()
     sized = resolve_mem_fraction({"mem_fraction_static": fraction, "device": "cpu"})
     assert "mem_fraction_static" not in sized and abs(sized["max_total_tokens"] - 50_000) < 20_000
@@ -194,7 +194,7 @@ def test_cuda_pool_is_the_fraction_of_free_memory_without_a_context_cap(
     monkeypatch, smollm_folder
 ) -> None:
     per_token = memory.kv_bytes_per_token(smollm_folder, "float32")
-    weights = sizing.weight_bytes(smollm_folder, "float32")
+    weights = memory.weight_bytes(smollm_folder, "float32")
     fits = sizing.pool_tokens(0.5, 64 * 2**30, weights, per_token)
     assert fits > 64 * 8192  # so a context cap, had CUDA one, would show
     assert _sized_with_64_gib_free(monkeypatch, smollm_folder, device="cuda:0") == fits

@@ -9,6 +9,7 @@ the runner will load. On CPU the pool is capped at max_running_requests x contex
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +18,28 @@ from sgl_lite.backend.kvcache.sizing import (
     available_memory,
     capped_pool,
     pool_tokens,
+    safetensors_weight_bytes,
     usable_tokens,
-    weight_bytes,
 )
-from sgl_lite.backend.runner.model_loader import load_config, resolve_model_path
+from sgl_lite.backend.runner.model_loader import gguf_source, load_config, resolve_model_path
 from sgl_lite.backend.runner.model_runner import context_length_of
 from sgl_lite.backend.runner.models.llama import head_dim_of
 from sgl_lite.backend.runner.weights.cpu import cpu_caps
 from sgl_lite.backend.runner.weights.formats import resolve_dense_dtype
+from sgl_lite.backend.runner.weights.gguf_tensors import read_header
 
 logger = logging.getLogger("sgl_lite")
+
+
+def weight_bytes(folder: Path, dtype: str) -> int:
+    """Bytes the model's weights take dense in `dtype` (an upper bound where a GGUF file's
+    linears run from their codes): from the file's tensor shapes for a GGUF model, whose folder
+    holds no weights, else from the safetensors headers."""
+    source = gguf_source(folder)
+    if source is None:
+        return safetensors_weight_bytes(folder, dtype)
+    elements = sum(math.prod(tensor.dims) for tensor in read_header(source).tensors)
+    return elements * DTYPES[dtype].itemsize
 
 
 def kv_bytes_per_token(folder: Path, dtype: str) -> int:

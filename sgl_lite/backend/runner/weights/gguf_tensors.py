@@ -1,10 +1,12 @@
-"""The quantized tensors of a GGUF file, read raw (not dequantized) and named as in transformers.
+"""The tensors of a GGUF file, read from the memory-mapped file and named as in transformers.
 
-The block formats with an exact integer form (`gguf_blocks`: Q4_0/1, Q5_0/1, Q8_0, Q2_K to Q6_K)
-are decoded into codes, scales and offsets. Other tensors are left to the dequantized
-safetensors copy the loader made. llama.cpp's converter permutes the rows of a Llama model's
-q/k projections (its RoPE pairs adjacent dimensions, HF's pairs halves); we undo it exactly as
-transformers' GGUF loader does, so the rows line up with the safetensors weights.
+Two readers: `read_quantized` gives the linear weights in a block format with an exact integer
+form (`gguf_blocks`: Q4_0/1, Q5_0/1, Q8_0, Q2_K to Q6_K) as codes, scales and offsets, never
+dequantized; `read_dense` gives every tensor the model needs as float32 (norms, biases,
+embeddings, and linears the caller does not take as codes), dequantized one tensor at a time so
+no float32 copy of the whole file ever exists. llama.cpp's converter permutes the rows of a
+Llama model's q/k projections (its RoPE pairs adjacent dimensions, HF's pairs halves); both
+readers undo it exactly as transformers' GGUF loader does.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 import mmap
 import os
 import struct
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +38,23 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output": "lm_head"}
+# The other tensors of a layer (norms) and of the model, by the same rule.
+_LAYER_OTHERS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+_GLOBAL_OTHERS = {"output_norm": "model.norm"}
+# Tensors a file may carry that hold nothing we load: llama.cpp's Llama-3 RoPE factors (we
+# compute RoPE from the config, as transformers does).
+_IGNORED = ("rope_freqs",)
+_F32, _F16, _BF16 = 0, 1, 30  # ggml type ids of the plain float tensors
 
 
 def hf_name(gguf_name: str) -> str | None:
-    """`blk.3.ffn_up.weight` → `model.layers.3.mlp.up_proj.weight`; None for other tensors."""
+    """`blk.3.ffn_up.weight` → `model.layers.3.mlp.up_proj.weight` (linear weights and the
+    embedding / head only); None for other tensors."""
     parts = gguf_name.split(".")
     if parts[-1] != "weight":
         return None
@@ -47,6 +63,23 @@ def hf_name(gguf_name: str) -> str | None:
     if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[parts[0]]}.weight"
     return None
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """Any tensor's transformers name: linears (`hf_name`), their biases, norms; None for a
+    tensor that carries nothing we load (`rope_freqs`)."""
+    linear = hf_name(gguf_name)
+    if linear is not None:
+        return linear
+    parts = gguf_name.split(".")
+    if parts[0] in _IGNORED:
+        return None
+    names = {**_LAYER_NAMES, **_LAYER_OTHERS}
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _GLOBAL_OTHERS:
+        return f"{_GLOBAL_OTHERS[parts[0]]}.{parts[1]}"
+    raise GGUFFormatError(f"tensor {gguf_name!r} is not one a supported architecture has")
 
 
 def _unpermute_rows(rows: int, n_head: int) -> torch.Tensor:
@@ -228,6 +261,66 @@ _HEADERS: dict[tuple[object, ...], GGUFHeader] = {}
 _MAX_HEADERS = 8
 
 
+def _raw_rows(data: mmap.mmap, header: GGUFHeader, info: TensorInfo) -> np.ndarray:
+    """A tensor's bytes as (rows, bytes per row), a view into the mapped file."""
+    rows = int(np.prod(info.dims[1:]))  # dims are innermost first: the rest are the rows
+    size = _tensor_bytes(info)
+    return np.frombuffer(data, np.uint8, size, header.data_start + info.offset).reshape(rows, -1)
+
+
+def _permuted_heads(hf: str, header: GGUFHeader, config: PretrainedConfig) -> int | None:
+    """The head count whose RoPE permutation llama.cpp applied to tensor `hf`'s rows, or None
+    (only "llama" files, whose q/k projection weights llama.cpp permutes; not Qwen2)."""
+    if header.architecture != "llama" or not hf.endswith(("q_proj.weight", "k_proj.weight")):
+        return None
+    return config.num_key_value_heads if "k_proj" in hf else config.num_attention_heads
+
+
+def _dense(info: TensorInfo, raw: np.ndarray) -> torch.Tensor:
+    """One tensor as float32 (rows, cols), or (cols,) for a 1-D one; exact for every type."""
+    cols = info.dims[0]
+    if info.type_id == _F32:
+        out = torch.from_numpy(raw.copy().view(np.float32))
+    elif info.type_id == _F16:
+        out = torch.from_numpy(raw.copy().view(np.float16)).float()
+    elif info.type_id == _BF16:
+        out = torch.from_numpy(raw.copy().view(np.int16)).view(torch.bfloat16).float()
+    elif info.type_id in gguf_blocks.BLOCK_TYPES:
+        out = gguf_blocks.decode(info.type_id, raw).dequantize()
+    else:  # the lookup-table formats (IQ*, TQ*): gguf-py's reference dequantizer
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        values = dequantize(raw, GGMLQuantizationType(info.type_id))
+        out = torch.from_numpy(values.astype(np.float32, copy=False))
+    out = out.reshape(-1, cols)
+    return out[0] if len(info.dims) == 1 else out
+
+
+def read_dense(
+    path: Path, config: PretrainedConfig, skip: Container[str] = ()
+) -> dict[str, torch.Tensor]:
+    """Every tensor the model loads, float32, by transformers name, except those in `skip`
+    (linears the caller takes as codes from `read_quantized`).
+
+    Raises GGUFFormatError naming a tensor no supported architecture has.
+    """
+    header = read_header(path)
+    out: dict[str, torch.Tensor] = {}
+    with open(path, "rb") as file:
+        data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    for info in header.tensors:
+        hf = hf_tensor_name(info.name)
+        if hf is None or hf in skip:
+            continue
+        tensor = _dense(info, _raw_rows(data, header, info))
+        heads = _permuted_heads(hf, header, config)
+        if heads is not None:
+            tensor = tensor[_unpermute_rows(tensor.shape[0], heads)]
+        out[hf] = tensor
+    return out
+
+
 def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffine]:
     """Every linear weight of the file in a block format with an exact integer form
     (`gguf_blocks`: Q4_0/1, Q5_0/1, Q8_0 and the K formats), by transformers parameter name.
@@ -236,21 +329,17 @@ def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffin
     whose `general.architecture` is "llama" (llama.cpp permutes Llama and Mistral, not Qwen2).
     """
     header = read_header(path)
-    permute = header.architecture == "llama"
     out: dict[str, GroupAffine] = {}
     with open(path, "rb") as file:
         data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     for info in header.tensors:
-        hf, block = hf_name(info.name), gguf_blocks.BLOCK_TYPES.get(info.type_id)
-        if hf is None or block is None:
+        hf = hf_name(info.name)
+        if hf is None or info.type_id not in gguf_blocks.BLOCK_TYPES:
             continue
-        rows, cols = int(np.prod(info.dims[1:])), info.dims[0]  # innermost dimension first
-        size = rows * cols // block.weights * block.bytes
-        raw = np.frombuffer(data, np.uint8, size, header.data_start + info.offset)
-        raw = raw.reshape(rows, -1)
-        if permute and hf.endswith(("q_proj.weight", "k_proj.weight")):
+        raw = _raw_rows(data, header, info)
+        heads = _permuted_heads(hf, header, config)
+        if heads is not None:
             # whole rows of blocks move, so permuting the raw bytes is exact and cheap
-            heads = config.num_key_value_heads if "k_proj" in hf else config.num_attention_heads
-            raw = raw[_unpermute_rows(rows, heads).numpy()]
+            raw = raw[_unpermute_rows(raw.shape[0], heads).numpy()]
         out[hf] = gguf_blocks.decode(info.type_id, raw)
     return out
