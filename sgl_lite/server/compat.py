@@ -1,7 +1,8 @@
 """Every field of the foreign request bodies we serve: honoured, accepted as a no-op, or refused.
 
 A field a client sets is never dropped silently. Each one of SGLang 0.5's `GenerateReqInput`
-and `SamplingParams` and of OpenAI's chat-completions body is in one of three groups:
+and `SamplingParams` and of OpenAI's chat-completions and completions bodies (with vLLM's guided
+decoding fields) is in one of three groups:
 
 - implemented: passed on (the pydantic models in `protocol.py` and the engine check the values);
 - no-ops: labels, telemetry and routing hints that cannot change the output of one in-process
@@ -191,12 +192,28 @@ def sampling_params(params: Any, where: str) -> Any:
     return out
 
 
+# --- vLLM's legacy guided decoding (both OpenAI routes) ------------------------------------------
+# guided_json, guided_regex, guided_choice and guided_grammar are implemented (openai/guided.py).
+# Which grammar library builds a constraint does not change what it allows: the server's
+# --grammar-backend builds it whatever backend a request names.
+GUIDED_NOOPS = frozenset({"guided_decoding_backend"})
+GUIDED_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "guided_whitespace_pattern": (
+        (None,),
+        "JSON whitespace is set for every request by the server's "
+        "--constrained-json-whitespace-pattern, not per request",
+    ),
+}
+
 # --- OpenAI chat completions ----------------------------------------------------------------------
-CHAT_NOOPS = frozenset(
-    {"user", "metadata", "safety_identifier", "prompt_cache_key", "prompt_cache_retention"}
+CHAT_NOOPS = (
+    frozenset(
+        {"user", "metadata", "safety_identifier", "prompt_cache_key", "prompt_cache_retention"}
+    )
     # SGLang's reasoning switches (sglang-router sends them on every request): a no-op, as in
     # SGLang, while no reasoning parser is configured
     | {"separate_reasoning", "stream_reasoning"}
+    | GUIDED_NOOPS
 )
 CHAT_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "functions": ((None, []), "the legacy functions API is not implemented; use tools"),
@@ -211,9 +228,12 @@ CHAT_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "service_tier": ((None, "auto", "default"), "there are no service tiers"),
     # SGLang / vLLM extensions that sglang-router sends with their defaults
     "return_hidden_states": ((None, False), "hidden states are not returned"),
+    **GUIDED_REFUSED,
 }
+COMPLETION_NOOPS = frozenset({"user"}) | GUIDED_NOOPS
 COMPLETION_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "best_of": ((None, 1), "best_of is not implemented; use n and rank the samples"),
+    **GUIDED_REFUSED,
 }
 MESSAGE_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "audio": ((None,), "audio is not supported"),
@@ -241,8 +261,9 @@ def chat_body(data: dict[str, Any], implemented: set[str]) -> dict[str, Any]:
 
 
 def completion_body(data: dict[str, Any], implemented: set[str]) -> dict[str, Any]:
-    """A completions body with `user` removed; a 400 for a refused or unknown field."""
-    _refuse(data, COMPLETION_REFUSED, implemented | {"user"} | set(COMPLETION_REFUSED), "")
+    """A completions body with its no-ops removed; a 400 for a refused or unknown field."""
+    known = implemented | COMPLETION_NOOPS | set(COMPLETION_REFUSED)
+    _refuse(data, COMPLETION_REFUSED, known, "")
     return {k: v for k, v in data.items() if k in implemented}
 
 

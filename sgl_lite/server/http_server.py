@@ -4,9 +4,9 @@
 wire (JSON bodies, SSE, status codes, auth, body limits) and the bridge from asyncio to the
 engine's blocking calls (`bridge.py`); it never touches tensors, slots or the scheduler. The
 OpenAI endpoints live in `openai/completions.py` and `openai/chat.py` (SGLang's /v1/score in
-`openai/score.py`, /v1/rerank in `openai/rerank.py`), /tokenize in `tokenizer_api.py`; all
-share the bridge and the error body. `compat.py` decides which foreign request fields are
-honoured.
+`openai/score.py`, /v1/rerank in `openai/rerank.py`), /tokenize, /detokenize and
+/tokenizer_info in `tokenizer_api.py`; all share the bridge and the error body. `compat.py`
+decides which foreign request fields are honoured.
 """
 
 from __future__ import annotations

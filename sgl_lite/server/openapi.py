@@ -134,6 +134,18 @@ class Text(_Out):
     text: str | list[str]
 
 
+class TokenizerInfo(_Out):
+    """/tokenizer_info's answer (vLLM's: the tokenizer's settings, named ones declared)."""
+
+    tokenizer_class: str
+    eos_token: str | None
+    bos_token: str | None
+    pad_token: str | None
+    unk_token: str | None
+    chat_template: str | None
+    max_model_len: int
+
+
 # path -> (request body model or None, 200 body type, whether stream=true answers SSE)
 _GENERATE = GenerateResult | list[GenerateResult]
 ROUTES: dict[str, tuple[type[BaseModel] | None, Any, bool]] = {
@@ -161,6 +173,8 @@ ROUTES: dict[str, tuple[type[BaseModel] | None, Any, bool]] = {
     "/v1/tokenize": (TokenizeRequest, Tokens, False),
     "/detokenize": (DetokenizeRequest, Text, False),
     "/v1/detokenize": (DetokenizeRequest, Text, False),
+    "/tokenizer_info": (None, TokenizerInfo, False),
+    "/v1/tokenizer_info": (None, TokenizerInfo, False),
 }
 _ERRORS = {
     "400": "bad request: the field at fault is named in error.param",

@@ -99,6 +99,11 @@ class _SamplingFields(_Wire):
     regex: StrictStr | None = None
     json_schema: StrictStr | dict[str, Any] | None = None
     ebnf: StrictStr | None = None
+    # vLLM's legacy guided decoding: aliases of the three above (openai/guided.py)
+    guided_json: StrictStr | dict[str, Any] | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = Field(None, min_length=1)
+    guided_grammar: StrictStr | None = None
     rid: StrictStr | None = None
     timeout: Timeout | None = None
     # SGLang's custom logit processor (--enable-custom-logit-processor) and what it reads

@@ -1,10 +1,12 @@
-"""`/tokenize` and `/detokenize` (also under /v1) in the shape SGLang and vLLM both answer.
+"""`/tokenize`, `/detokenize` and `/tokenizer_info` (also under /v1) in the shapes SGLang and
+vLLM answer, which remote-tokenizer clients (lm-evaluation-harness) read.
 
 Tokenize takes a `prompt` (a string or a list) or chat `messages` (rendered exactly as
 `/v1/chat/completions` renders them, tools included) and answers SGLang's
 `{tokens, count, max_model_len}`, plus vLLM's `token_strs` when `return_token_strs` is set.
-Detokenize answers both SGLang's `text` and vLLM's `prompt`. The tokenizer runs on a worker
-thread, never on the event loop.
+Detokenize answers both SGLang's `text` and vLLM's `prompt`. Tokenizer info is vLLM's: the
+tokenizer's settings, its class, special tokens and the chat template the server renders with.
+The tokenizer runs on a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
@@ -56,8 +58,13 @@ class DetokenizeRequest(_Wire):
 
 
 def add_tokenizer_routes(app: FastAPI, bridge: EngineBridge, *, max_body_bytes: int) -> None:
-    """Adds /tokenize, /detokenize and their /v1 aliases to `app`."""
+    """Adds /tokenize, /detokenize, /tokenizer_info and their /v1 aliases to `app`."""
     engine = bridge.engine  # NOTE: its tokenizer is read per request (test fakes have none)
+
+    @app.get("/tokenizer_info")
+    @app.get("/v1/tokenizer_info")
+    async def get_tokenizer_info() -> JsonResponse:
+        return JsonResponse(tokenizer_info(engine.tokenizer, engine.context_length))
 
     @app.post("/tokenize")
     @app.post("/v1/tokenize")
@@ -105,6 +112,38 @@ def add_tokenizer_routes(app: FastAPI, bridge: EngineBridge, *, max_body_bytes: 
         ]
         text: str | list[str] = texts[0] if single else texts
         return JsonResponse({"text": text, "prompt": text})
+
+
+def tokenizer_info(tokenizer: Any, max_model_len: int) -> dict[str, Any]:
+    """vLLM's `GET /tokenizer_info` body: the tokenizer's `init_kwargs` as JSON (file paths left
+    out), `tokenizer_class`, the special tokens as text (`eos_token`, `bos_token`, `pad_token`,
+    `unk_token`; null when unset), the `chat_template` chat requests are rendered with (null
+    without one) and the server's `max_model_len`."""
+    settings = getattr(tokenizer, "init_kwargs", None) or {}
+    info = {k: _json_value(v) for k, v in settings.items() if not k.endswith("_file")}
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: the one apply_chat_template uses
+        template = template.get("default")
+    for name in ("eos_token", "bos_token", "pad_token", "unk_token"):
+        info[name] = _json_value(getattr(tokenizer, name, None))
+    return {
+        **info,
+        "tokenizer_class": type(tokenizer).__name__,
+        "chat_template": template,
+        "max_model_len": max_model_len,
+    }
+
+
+def _json_value(value: Any) -> Any:
+    """A tokenizer setting as JSON: an AddedToken as its text, other objects as their str."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    content = getattr(value, "content", None)  # transformers' AddedToken
+    return content if isinstance(content, str) else str(value)
 
 
 def _render(tokenizer: Any, req: TokenizeRequest) -> str:

@@ -145,7 +145,8 @@ class ScriptedEngine:
     """The engine API the server uses (submit, abort, info), answering per the request's regex:
     "bad" is refused at submit, "slow" aborts like a grammar compile timeout, "boom" crashes,
     "hang" sends one token and then nothing until aborted, "invalid" finishes with an output
-    that failed its final check; anything else streams "a", "b".
+    that failed its final check; anything else streams "a", "b". `submitted` keeps each
+    request's sampling params, as the engine received them.
 
     Not the real Engine over a fake runner: the server's mapping of a compile timeout and of an
     engine crash to HTTP is what its tests check, and the real engine reaches the first only
@@ -158,6 +159,7 @@ class ScriptedEngine:
         self.context_length = 64
         self.aborted: list[str] = []
         self.hanging: dict[str, object] = {}  # rid -> sink of a request that never ends
+        self.submitted: list[dict] = []  # each request's sampling params, in arrival order
 
     def max_new_tokens_room(self, prompt_len: int) -> int:
         return 64 - prompt_len
@@ -166,6 +168,7 @@ class ScriptedEngine:
         params = (
             sampling_params if isinstance(sampling_params, dict) else (sampling_params or [{}])[0]
         )
+        self.submitted.append(params)
         regex = params.get("regex")
         if regex == "bad":
             raise InvalidRequest("regex", "regex 'bad' is not a valid regular expression")

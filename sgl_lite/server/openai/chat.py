@@ -1,9 +1,10 @@
 """`POST /v1/chat/completions`: OpenAI chat, structured output and tool calling.
 
 The body is checked field by field (`compat.chat_body`: nothing is dropped silently), the
-messages and tools become one prompt (`tools.chat_prompt`), `response_format` or a required /
-named tool choice becomes the generation's constraint, and the engine's text comes back as
-content or as `tool_calls` (`tool_parser`), whole or as streaming deltas.
+messages and tools become one prompt (`tools.chat_prompt`), `response_format`, a required /
+named tool choice, or SGLang's / vLLM's constraint fields (`guided.py`) become the generation's
+constraint, and the engine's text comes back as content or as `tool_calls` (`tool_parser`),
+whole or as streaming deltas.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from sgl_lite.server.openai.completions import (
     _Reply,
     _streaming,
     model_checker,
+)
+from sgl_lite.server.openai.guided import (
+    Constraint,
+    body_constraint,
+    given_constraints,
+    require_one,
 )
 from sgl_lite.server.openai.tool_formats import ToolFormat, marker_is_special, resolve_format
 from sgl_lite.server.openai.tool_parser import Scan, ToolDeltas, message, scan
@@ -80,7 +87,8 @@ def add_chat_routes(
         )
         if max_tokens is None:  # until EOS: whatever room the context and the pool leave
             max_tokens = engine.max_new_tokens_room(len(ids))
-        params = {**req.sampling_params(max_tokens), **_constraint(req, plan, engine)}
+        output_format = _constraint(req, plan, engine)
+        params = {**req.sampling_params(max_tokens), **output_format.params}
         raw = plan.mode == "auto" and keep_special and req.skip_special_tokens
         if raw:
             params["skip_special_tokens"] = False
@@ -89,7 +97,7 @@ def add_chat_routes(
             input_ids=ids,
             sampling_params=params,
             rid=req.rid,
-            aliases={**_ALIASES, "input_ids": "messages"},
+            aliases={**_ALIASES, "input_ids": "messages", **output_format.aliases},
             return_logprob=req.logprobs,
             top_logprobs_num=req.top_logprobs or 0,
             return_text_in_logprobs=True,
@@ -188,38 +196,31 @@ def _check_prefill(req: ChatCompletionRequest) -> bool:
     return False
 
 
-def _constraint(req: ChatCompletionRequest, plan: ToolPlan, engine: Any) -> dict[str, str]:
-    """The regex / json_schema sampling param from response_format or a forced tool call."""
+def _constraint(req: ChatCompletionRequest, plan: ToolPlan, engine: Any) -> Constraint:
+    """The constraint from response_format, a forced tool call, or the body's SGLang / vLLM
+    constraint fields (guided.py); a 400 naming them when more than one is set."""
     fmt = req.response_format
-    given = [
-        name
-        for name, on in (
-            ("response_format", fmt is not None and fmt.type != "text"),
-            ("regex", req.regex is not None),
-            ("json_schema", req.json_schema is not None),
-            ("tool_choice", plan.mode in ("required", "named")),
-        )
-        if on
-    ]
-    if len(given) > 1:
-        raise ApiError(
-            400, f"give one of {' and '.join(given)}: each sets the output's format", param=given[0]
-        )
-    if plan.mode in ("required", "named"):
-        return constraint(plan, engine.builder.compiler)
+    forced = plan.mode in ("required", "named")
+    require_one(
+        (["response_format"] if fmt is not None and fmt.type != "text" else [])
+        + given_constraints(req)
+        + (["tool_choice"] if forced else [])
+    )
+    if forced:
+        return Constraint(constraint(plan, engine.builder.compiler), {})
     if fmt is None or fmt.type == "text":
-        return {}
+        return body_constraint(req)
     if fmt.type == "json_object":
         # any JSON object, any depth: the engine builds this schema as a recursive grammar
         # (llguidance) and checks the output parses to an object before it is returned
-        return {"json_schema": ANY_OBJECT_SCHEMA}
+        return Constraint({"json_schema": ANY_OBJECT_SCHEMA}, {})
     if fmt.json_schema is None:
         raise ApiError(
             400,
             "response_format json_schema needs its json_schema field",
             param="response_format.json_schema",
         )
-    return {"json_schema": json.dumps(fmt.json_schema.schema_)}
+    return Constraint({"json_schema": json.dumps(fmt.json_schema.schema_)}, {})
 
 
 def _tool_finish(finish: dict[str, Any], result: Scan) -> dict[str, Any]:

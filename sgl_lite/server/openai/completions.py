@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from sgl_lite.server.bridge import EngineBridge, Submission, sse
 from sgl_lite.server.compat import completion_body
+from sgl_lite.server.openai.guided import body_constraint
 from sgl_lite.server.protocol import ApiError, CompletionRequest, JsonResponse, parse, read_json
 
 # Engine field names as OpenAI clients spell them, for the `param` of an error.
@@ -75,13 +76,17 @@ def add_openai_routes(
             raise ApiError(400, "suffix is not supported", param="suffix")
         prompt = req.prompt
         is_ids = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], str)
-        params = req.sampling_params(16 if req.max_tokens is None else req.max_tokens)
+        constraint = body_constraint(req)
+        params = {
+            **req.sampling_params(16 if req.max_tokens is None else req.max_tokens),
+            **constraint.params,
+        }
         want_logprobs = req.logprobs is not None
         sub = await bridge.submit(
             **({"input_ids": prompt} if is_ids else {"text": prompt}),
             sampling_params=params,
             rid=req.rid,
-            aliases=_ALIASES,
+            aliases={**_ALIASES, **constraint.aliases},
             return_logprob=want_logprobs,
             logprob_start_len=0 if want_logprobs and req.echo else -1,
             top_logprobs_num=req.logprobs or 0,

@@ -212,7 +212,7 @@ def constraint(plan: ToolPlan, compiler: Any) -> dict[str, str]:
         return {}
     calls = "|".join(
         r"\{"
-        + _literal(json.dumps({"name": name})[1:-1])
+        + regex_literal(json.dumps({"name": name})[1:-1])
         + r', "arguments": '
         + f"({arguments_regex(compiler, plan.schemas[name], field[name])})"
         + r"\}"
@@ -222,7 +222,8 @@ def constraint(plan: ToolPlan, compiler: Any) -> dict[str, str]:
     return {"regex": rf"\[({calls}){more}\]"}
 
 
-def _literal(text: str) -> str:
+def regex_literal(text: str) -> str:
+    """A regex matching exactly `text` in every dialect the grammar backends read."""
     # NOTE: only regex operators: `re.escape` also escapes "-", which not every dialect accepts
     return re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", text)
 
