@@ -1,9 +1,11 @@
 """The last check before a constrained result is returned: does the text satisfy its constraint?
 
-Regexes are matched with Python's `re.fullmatch`, JSON Schemas validated with `jsonschema`
-(formats included). The automaton should make a mismatch impossible; when one happens anyway
-(a backend approximation, a stop string cutting the text) it is reported, counted in
-`COUNTERS`, and never passed off as success. Nothing here knows about requests or the engine.
+Regexes are matched with Python's `re.fullmatch`, JSON Schemas validated with `jsonschema`,
+every format it knows checked (its `format-nongpl` extra: date-time, uri, hostname...). A
+pattern Python cannot read is a violation, never a pass. The automaton should make a mismatch
+impossible; when one happens anyway (a backend approximation, a stop string cutting the text)
+it is reported, counted in `COUNTERS`, and never passed off as success. Nothing here knows
+about requests or the engine.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import re
 import threading
 from collections import Counter
+from typing import Any
 
 import jsonschema
 
@@ -43,8 +46,8 @@ def check_output(kind: str, pattern: str | dict, text: str) -> str | None:
     if kind == "regex":
         try:
             compiled = _compiled_regex(str(pattern))
-        except re.error:
-            return None  # NOTE: a pattern Python cannot read was checked by the automaton alone
+        except re.error as exc:
+            return f"output cannot be checked: Python cannot read the regex {pattern!r} ({exc})"
         if compiled.fullmatch(text) is None:
             return f"output does not fully match the regex {pattern!r}"
         return None
@@ -55,8 +58,11 @@ def check_output(kind: str, pattern: str | dict, text: str) -> str | None:
         except json.JSONDecodeError as exc:
             return f"output is not valid JSON: {exc}"
         cls = jsonschema.validators.validator_for(schema)
-        validator = cls(schema, format_checker=cls.FORMAT_CHECKER)  # this draft's formats
-        error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+        validator = cls(schema, format_checker=_format_checker(cls))
+        try:
+            error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+        except re.error as exc:
+            return f"output cannot be checked: the schema has a pattern Python cannot read ({exc})"
         if error is None:
             return None
         where = "/".join(str(p) for p in error.absolute_path) or "the root"
@@ -67,3 +73,13 @@ def check_output(kind: str, pattern: str | dict, text: str) -> str | None:
 @functools.lru_cache(maxsize=256)
 def _compiled_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
+
+
+@functools.lru_cache(maxsize=8)
+def _format_checker(cls: Any) -> jsonschema.FormatChecker:
+    """The draft's format checker, with Draft 2020-12's checks for the formats it lacks (an
+    older draft's `uuid`, `duration`...), which the backends enforce whatever the draft."""
+    checker = jsonschema.FormatChecker(formats=())
+    latest = jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers
+    checker.checkers = {**latest, **cls.FORMAT_CHECKER.checkers}
+    return checker

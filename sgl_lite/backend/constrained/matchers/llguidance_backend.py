@@ -21,6 +21,7 @@ from sgl_lite.backend.constrained.matchers.grammar_guide import BackendGuide, Cl
 from sgl_lite.backend.constrained.matchers.grammar_mask import text_token_mask, unpack_bitmask
 from sgl_lite.backend.constrained.protocols import Constraint
 from sgl_lite.backend.constrained.regex_check import GrammarError
+from sgl_lite.backend.constrained.schema.formats import STRING_FORMATS
 from sgl_lite.backend.constrained.vocab import KeyedCache, vocabulary_for
 
 _JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
@@ -58,43 +59,57 @@ def to_llguidance(kind: str, pattern: Any, *, whitespace: str | None = None) -> 
     raise GrammarError(f"grammar kind must be 'regex', 'json_schema' or 'ebnf', got {kind!r}")
 
 
+# keywords under which a narrower sub-schema can admit more (a narrower `not` or `if`; a oneOf
+# branch that no longer matches can leave one match where there were two; fewer matches under
+# `maxContains`): a schema using one is not narrowed at all
+_NON_MONOTONE = ("oneOf", "not", "if", "maxContains", "unevaluatedProperties", "unevaluatedItems")
+_OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+# llguidance's own date/time formats admit a leap second at any minute and year 0000, which the
+# final check refuses: written as the automaton's patterns instead (a subset, formats.py)
+_SUBSET_FORMATS = ("date", "time", "date-time")
+
+
 def closed_objects(schema: Any) -> Any:
-    """The schema with `additionalProperties: false` wherever properties are listed and nothing
-    else is said: the same valid subset the automaton writes, so a model cannot run on with
-    invented keys. Left as is when the schema uses allOf, where closing one part would reject
-    the properties of another. An object that lists properties beside anyOf/oneOf branches is
-    closed in its branches instead, each over its own and the object's names (closing both
-    would leave only the names they share: schema_normalize's discriminated oneOf, whose
-    branches name `shape` beside the object's dimensions, was unsatisfiable)."""
-    if "allOf" in json.dumps(schema):
+    """The schema llguidance compiles: `additionalProperties: false` wherever properties are
+    listed and nothing else is said (the subset the automaton writes, so a model cannot run on
+    with invented keys; not where the schema uses allOf, whose one part closed would reject
+    the properties of another), and the date/time formats as the automaton's patterns. Left as
+    is when the schema uses a keyword of _NON_MONOTONE. An object that lists properties beside
+    anyOf branches is closed in its branches instead, each over its own and the object's names
+    (closing both would leave only the names they share: schema_normalize's discriminated
+    oneOf, whose branches name `shape` beside the object's dimensions, was unsatisfiable)."""
+    text = json.dumps(schema)
+    if any(f'"{keyword}"' in text for keyword in _NON_MONOTONE):
         return schema
-    return _close(schema)
+    return _close(schema, close='"allOf"' not in text)
 
 
-def _close(node: Any, names: tuple[str, ...] = ()) -> Any:
+def _close(node: Any, names: tuple[str, ...] = (), *, close: bool) -> Any:
     """closed_objects below `node`; `names`: the properties an enclosing object lists beside
-    the anyOf/oneOf that `node` is a branch of (vacuous `true` entries, then closed over)."""
+    the anyOf that `node` is a branch of (vacuous `true` entries, then closed over)."""
     if isinstance(node, list):
-        return [_close(v) for v in node]
+        return [_close(v, close=close) for v in node]
     if not isinstance(node, dict):
         return node
     out = {
-        k: _close(v) if k not in ("enum", "const", "default", "examples") else v
+        k: _close(v, close=close) if k not in ("enum", "const", "default", "examples") else v
         for k, v in node.items()
     }
-    props = node.get("properties")
-    if names and (props is None or isinstance(props, dict)):
-        props = {**dict.fromkeys(names, True), **(props or {})}
-        out["properties"] = {**dict.fromkeys(names, True), **out.get("properties", {})}
-    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-    if not isinstance(props, dict) or any(k in node for k in open_keys):
+    fmt = node.get("format")
+    if isinstance(fmt, str) and fmt in _SUBSET_FORMATS and "pattern" not in node:
+        del out["format"]
+        out["pattern"] = f"^{STRING_FORMATS[fmt]}$"
+    props = node.get("properties", {})
+    if not close or not isinstance(props, dict):
         return out
-    alternatives = [k for k in ("anyOf", "oneOf") if isinstance(node.get(k), list)]
-    if not alternatives:
+    listed = (*names, *props)
+    branches = node.get("anyOf")
+    if isinstance(branches, list):
+        if listed and all(isinstance(b, dict) and "$ref" not in b for b in branches):
+            out["anyOf"] = [_close(b, listed, close=close) for b in branches]
+    elif ("properties" in node or names) and not any(k in node for k in _OPEN_KEYS):
+        out["properties"] = {**dict.fromkeys(names, True), **out.get("properties", {})}
         out["additionalProperties"] = False
-    elif all(isinstance(b, dict) and "$ref" not in b for k in alternatives for b in node[k]):
-        for k in alternatives:
-            out[k] = [_close(b, tuple(props)) for b in node[k]]
     return out
 
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 _DAY_31 = "(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])"
 _DAY_30 = "(0[469]|11)-(0[1-9]|[12][0-9]|30)"
 _DAY_FEB = "02-(0[1-9]|1[0-9]|2[0-8])"
-DATE = f"[0-9]{{4}}-({_DAY_31}|{_DAY_30}|{_DAY_FEB})"
+_YEAR = "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"  # NOTE: no year 0000
+DATE = f"{_YEAR}-({_DAY_31}|{_DAY_30}|{_DAY_FEB})"
 _OFFSET = "(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-TIME = rf"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{{1,6}})?{_OFFSET}"
+# NOTE: no `{m,n}` inside a `(...)?`: xgrammar 0.2's regex reader lets such a group match
+# without its first part (`(\.[0-9]{1,6})?` took "13" for a fraction)
+TIME = rf"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9][0-9]?[0-9]?[0-9]?[0-9]?[0-9]?)?{_OFFSET}"
 _OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_LABEL = "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?"
+_LABEL = "([a-z0-9]|[a-z0-9][a-z0-9-]{0,20}[a-z0-9])"
 
 STRING_FORMATS: dict[str, str] = {
     "date": DATE,
@@ -25,7 +28,7 @@ STRING_FORMATS: dict[str, str] = {
     "email": rf"[a-z0-9]+([._+-][a-z0-9]+){{0,4}}@{_LABEL}(\.{_LABEL}){{0,3}}\.[a-z]{{2,8}}",
     "uuid": "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
     "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
-    "uri": rf"https?://{_LABEL}(\.{_LABEL}){{0,4}}(/[A-Za-z0-9._~%-]{{1,32}}){{0,8}}/?",
+    "uri": rf"https?://{_LABEL}(\.{_LABEL}){{0,4}}(/[A-Za-z0-9._~-]{{1,32}}){{0,8}}/?",
 }
 
 # Every format name some JSON Schema draft defines (draft 3 to 2020-12). Any other name is an

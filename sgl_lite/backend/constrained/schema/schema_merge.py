@@ -156,15 +156,21 @@ def _json_type(value: Any) -> str:
 
 
 def literal_set(schema: Any) -> set[str] | None:
-    """The canonical JSON of each value a const/enum schema allows (1 and 1.0 are one value);
-    None when it is not a literal schema."""
+    """The canonical JSON of each value a const/enum schema allows (see `literal_key`); None
+    when it is not a literal schema."""
     if not isinstance(schema, dict):
         return None
     if "const" in schema:
-        return {json.dumps(_canonical(schema["const"]), sort_keys=True)}
+        return {literal_key(schema["const"])}
     if isinstance(schema.get("enum"), list):
-        return {json.dumps(_canonical(v), sort_keys=True) for v in schema["enum"]}
+        return {literal_key(v) for v in schema["enum"]}
     return None
+
+
+def literal_key(value: Any) -> str:
+    """`value` as canonical JSON: equal keys iff JSON Schema calls the values equal (1 and 1.0
+    are one value; `true` and 1 are two, though Python's `==` says otherwise)."""
+    return json.dumps(_canonical(value), sort_keys=True)
 
 
 def _canonical(value: Any) -> Any:
@@ -208,32 +214,35 @@ def numeric_bounds(schema: dict) -> dict:
 
 _LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
+# keywords whose meaning depends on another of the same schema (additionalProperties applies to
+# the names its own schema's properties leave out): merged together, per part
+_OBJECT_KEYS = ("properties", "additionalProperties")
+_ARRAY_KEYS = ("prefixItems", "items")
 
 
 def merge_all(parts: list[Schema], path: str) -> Schema:
-    """One schema equivalent to `allOf: parts` (False when they contradict).
+    """One schema equivalent to `allOf: parts` (False when they contradict): an instance is
+    valid under it iff it is valid under every part.
 
-    Raises GrammarError naming the keyword when two parts give it values that cannot be
+    Raises UnsupportedSchema naming the keyword when two parts give it values that cannot be
     combined into one (two different patterns, two anyOf lists...).
     """
+    if any(part is False for part in parts):
+        return False
+    dicts = [numeric_bounds(part) for part in parts if isinstance(part, dict)]
     merged: dict[str, Any] = {}
-    for part in parts:
-        if part is True:
-            continue
-        if part is False:
-            return False
+    for part in dicts:
         for key, value in part.items():
+            if key in _OBJECT_KEYS or key in _ARRAY_KEYS:
+                continue
             if key not in merged:
                 merged[key] = value
-            elif key in ANNOTATIONS or merged[key] == value:
+            elif key in ANNOTATIONS or literal_key(merged[key]) == literal_key(value):
                 continue
-            elif key == "properties":
-                props = dict(merged[key])
-                for name, sub in value.items():
-                    props[name] = {"allOf": [props[name], sub]} if name in props else sub
-                merged[key] = props
             elif key == "required":
                 merged[key] = list(dict.fromkeys([*merged[key], *value]))
+            elif key == "allOf":
+                merged[key] = [*merged[key], *value]
             elif key == "type":
                 types = _type_set(merged[key]) & _type_set(value)
                 if not types:
@@ -244,17 +253,61 @@ def merge_all(parts: list[Schema], path: str) -> Schema:
             elif key in _UPPER_BOUNDS:
                 merged[key] = min(merged[key], value)
             elif key == "enum":
-                keep = [v for v in merged[key] if v in value]
-                if not keep:
+                allowed = {literal_key(v) for v in value}
+                merged[key] = [v for v in merged[key] if literal_key(v) in allowed]
+                if not merged[key]:
                     return False
-                merged[key] = keep
             elif key == "const":
                 return False  # two different constants
-            elif key in ("items", "additionalProperties") and isinstance(value, (dict, bool)):
-                merged[key] = {"allOf": [merged[key], value]}
             else:
                 raise unsupported("allOf", path, f"cannot combine two different '{key}' values")
+    for keys in (_OBJECT_KEYS, _ARRAY_KEYS):
+        merged.update(_per_member(dicts, *keys, path))
     return merged
+
+
+def _per_member(dicts: list[dict], named: str, rest: str, path: str) -> dict[str, Any]:
+    """`properties`/`additionalProperties` (or `prefixItems`/`items`) of the allOf of `dicts`:
+    each member (a property name, an item index) gets the allOf of what every part says of
+    it, its own entry in `named` or else that part's `rest`; `rest` gets the allOf of theirs.
+    (Merging `named` alone would let one part's `additionalProperties: false` admit another
+    part's properties.)"""
+    parts = [p for p in dicts if named in p or rest in p]
+    if len(parts) == 1:
+        return {k: parts[0][k] for k in (named, rest) if k in parts[0]}
+    out: dict[str, Any] = {}
+    if not parts:
+        return out
+    if any(isinstance(p.get(rest), list) for p in parts):
+        raise unsupported(rest, path, f"'{rest}' as a list under allOf; use prefixItems")
+    if named == "properties":
+        members: list[Any] = list(dict.fromkeys(n for p in parts for n in p.get(named, {})))
+    else:
+        members = list(range(max(len(p.get(named, [])) for p in parts)))
+    if any(named in p for p in parts):
+        merged = {m: _all([_member(p, named, rest, m) for p in parts]) for m in members}
+        out[named] = merged if named == "properties" else list(merged.values())
+    if any(rest in p for p in parts):
+        out[rest] = _all([p.get(rest, True) for p in parts])
+    return out
+
+
+def _member(part: dict, named: str, rest: str, member: str | int) -> Schema:
+    """What `part` says of one property name (or item index): its entry in `named`, else `rest`."""
+    listed = part.get(named, {} if named == "properties" else [])
+    if member in listed if isinstance(member, str) else member < len(listed):
+        return listed[member]
+    return part.get(rest, True)
+
+
+def _all(schemas: list[Schema]) -> Schema:
+    """`allOf: schemas`, written plainly where it can be (False if one is, `true`s dropped)."""
+    if any(s is False for s in schemas):
+        return False
+    kept = [s for s in schemas if s is not True and s != {}]
+    if not kept:
+        return True
+    return kept[0] if len(kept) == 1 else {"allOf": kept}
 
 
 def _type_set(t: Any) -> set[str]:

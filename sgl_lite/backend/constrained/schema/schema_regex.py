@@ -199,17 +199,15 @@ class SchemaRegex:
 
     def _literals(self, schema: dict, path: str) -> str | None:
         values = [schema["const"]] if "const" in schema else list(schema["enum"])
-        if "const" in schema and "enum" in schema:
-            values = [v for v in values if v in schema["enum"]]
-        rest = {k: v for k, v in schema.items() if k not in ("const", "enum")}
-        # NOTE: every other keyword is honoured by keeping only the values that satisfy it;
-        # evolve() keeps the root as the base of any $ref inside `rest`.
+        # NOTE: every keyword is honoured by keeping only the values the whole node accepts
+        # (jsonschema tells `true` from 1, where Python's `==` does not); evolve() keeps the
+        # root as the base of any $ref in the node.
         root = self.root if isinstance(self.root, dict) else {}
-        validator = jsonschema.validators.validator_for(root)(root).evolve(schema=rest)
+        validator = jsonschema.validators.validator_for(root)(root).evolve(schema=schema)
         kept = [
             _esc(json.dumps(v, ensure_ascii=False, separators=self._sep))
             for v in values
-            if not rest or validator.is_valid(v)
+            if validator.is_valid(v)
         ]
         return _alt(list(dict.fromkeys(kept))) if kept else None
 
@@ -312,8 +310,9 @@ class SchemaRegex:
         head = []
         for i, sub in enumerate(prefix):
             regex = self.node(sub, f"{path}/prefixItems/{i}", refs)
-            if regex is None:
-                return None
+            if regex is None:  # no value fits item i: the array has fewer items
+                hi = i if hi is None else min(hi, i)
+                break
             head.append(regex)
         # NOTE: every prefix item is written (a subset: shorter arrays would also be valid).
         if hi is not None and hi < len(head):
@@ -374,6 +373,8 @@ class SchemaRegex:
 
     def _map(self, values: Any, lo: int, hi: int | None, path: str, refs) -> str | None:
         value = self.node(values, f"{path}/additionalProperties", refs)
+        if value is not None and lo > 1:  # NOTE: `{"a": 1, "a": 2}` has one property, not two
+            raise unsupported("minProperties", path, "distinct free names cannot be tracked")
         entry = None if value is None else f'"{STRING_CHAR}*"{self.colon}{value}'
         rest = self._repeat(entry, lo, hi)
         return None if rest is None else self.open_obj + rest + self.close_obj
