@@ -132,6 +132,21 @@ def llama_cpp_sources(workdir: Path) -> Path:
     return target
 
 
+# llama.cpp's converter, run as it is, except that it is told the tokenizer's pre-tokenizer:
+# its GPT-2-style path (Qwen2, Qwen3) recognises pre-tokenizers by a hash of the tokenizer's
+# output and does not know SmolLM2's as transformers re-saves it ("BPE pre-tokenizer was not
+# recognized"); the Llama path reads the tokenizer without that check. The bench feeds token
+# ids, so the name only decides how llama.cpp would split text.
+_CONVERT = """
+import sys
+import convert_hf_to_gguf
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
+sys.argv[0] = convert_hf_to_gguf.__file__
+convert_hf_to_gguf.main()
+"""
+
+
 def gguf_file(shape: str, quant: str, workdir: Path) -> Path:
     """`shape` in `quant`, made by llama.cpp's converter (f16) and quantizer (made once)."""
     out = workdir / shape / f"{shape}-{quant}.gguf"
@@ -140,9 +155,9 @@ def gguf_file(shape: str, quant: str, workdir: Path) -> Path:
     f16 = workdir / shape / f"{shape}-f16.gguf"
     if not f16.exists():
         tools = llama_cpp_sources(workdir)
-        env = {"PYTHONPATH": str(tools / "gguf-py"), "PATH": "/usr/bin:/bin"}
+        env = {"PYTHONPATH": f"{tools / 'gguf-py'}:{tools}", "PATH": "/usr/bin:/bin"}
         subprocess.run(
-            [sys.executable, str(tools / "convert_hf_to_gguf.py"), str(hf_folder(shape, workdir)),
+            [sys.executable, "-c", _CONVERT, str(hf_folder(shape, workdir)),
              "--outtype", "f16", "--outfile", str(f16)],
             check=True, env=env,
         )  # fmt: skip

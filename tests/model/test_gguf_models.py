@@ -256,11 +256,16 @@ Q4_K_M = {
 }
 
 
-def test_a_k_quant_file_runs_its_own_codes_in_the_decode_step(tmp_path, tokenizer, caplog):
+def test_a_k_quant_file_runs_its_own_codes_in_the_decode_step(
+    tmp_path, tokenizer, caplog, monkeypatch
+):
     """A Q4_K_M-like file (Q4_K beside Q6_K, fused q/k/v of both) loads like the same weights
     from safetensors, and its decode step runs the file's codes exactly: 4-bit in groups of 32
     where a fused linear is all Q4_K, 8-bit in groups of 16 where it holds Q6_K."""
+    from sgl_lite.backend.runner.weights import choose
     from sgl_lite.backend.runner.weights.packing import exact_codes
+
+    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "1")  # dense linears for long passes
 
     model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4_k_m.gguf"
@@ -279,10 +284,6 @@ def test_a_k_quant_file_runs_its_own_codes_in_the_decode_step(tmp_path, tokenize
     assert runner.format.int_kind == "int8", runner.format.describe()
     assert "the file's linears: 4 4-bit/32, 4 8-bit/16" in caplog.text
     assert runner.decode_step is not None, runner.format.describe()
-    linears, _ = exact_codes(runner.model, "int8", codes)
-    fused_qkv = torch.cat([state[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
-    assert torch.equal(linears["0.self_attn.qkv_proj"].dequantize(), fused_qkv)
-    assert (linears["0.mlp.gate_up_proj"].bits, linears["0.mlp.down_proj"].group) == (4, 16)
     # the step on those codes computes the file's model (float32 dense weights as the judge)
     dense = EngineConfig(
         max_total_tokens=256,
@@ -292,6 +293,10 @@ def test_a_k_quant_file_runs_its_own_codes_in_the_decode_step(tmp_path, tokenize
         dtype="float32",
     )
     reference = ModelRunner(converted, dense)
+    linears, _ = exact_codes(reference.model, "int8", codes)
+    fused_qkv = torch.cat([state[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
+    assert torch.equal(linears["0.self_attn.qkv_proj"].dequantize(), fused_qkv)
+    assert (linears["0.mlp.gate_up_proj"].bits, linears["0.mlp.down_proj"].group) == (4, 16)
     ids = tokenizer.encode(PROMPTS[1])
     decoded = []
     for each in (runner, reference):
@@ -314,6 +319,7 @@ def test_the_decode_step_runs_the_files_codes_where_torchs_int_kernels_lose(
     from sgl_lite.backend.runner.weights import choose
 
     monkeypatch.setattr(choose, "_choose", lambda *args: "dense is faster (forced by the test)")
+    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "1")  # the path that keeps dense linears
     model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
     write_gguf(gguf_file, model, tokenizer, quantize_linears="Q4_0")
@@ -322,3 +328,57 @@ def test_the_decode_step_runs_the_files_codes_where_torchs_int_kernels_lose(
     assert runner.format.int_kind is None and "forced by the test" in runner.format.reason
     assert runner.decode_step is not None, runner.format.describe()
     assert "one onnxruntime graph" in runner.format.reason
+
+
+def _segments(pool, prompts: list[list[int]]) -> list[tuple[Segment, Segment]]:
+    """Each prompt as (its prefill but the last token, that last token as a decode row); the
+    prefills want every row's logits (prompt logprobs), none, or the last, in turn."""
+    pairs = []
+    for i, ids in enumerate(prompts):
+        slots, prefix = pool.alloc(len(ids)), len(ids) - 1
+        wanted = (0, prefix, prefix - 1)[i % 3]
+        head = Segment(token_ids=ids[:prefix], start=0, kv_slots=slots[:prefix], logits_from=wanted)
+        tail = Segment(token_ids=ids[prefix:], start=prefix, kv_slots=slots, logits_from=0)
+        pairs.append((head, tail))
+    return pairs
+
+
+@pytest.mark.parametrize("quant", ["Q4_0", "Q8_0"])
+def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
+    tmp_path, tokenizer, monkeypatch, quant
+):
+    """With the file's codes as the only copy, prefill chunks (one request at a time), mixed
+    passes and decode rows in several groups all run on the onnxruntime graph, and compute
+    the file's model: every logits row near the float32 dense reference's."""
+    from sgl_lite.backend.runner.weights import choose
+
+    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "0")
+    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+    gguf_file = tmp_path / f"tiny-{quant}.gguf"
+    write_gguf(gguf_file, model, tokenizer, quantize_linears=quant)
+    folder = resolve_model_path(gguf_file)
+    runner = ModelRunner(folder, EngineConfig(max_total_tokens=512, device="cpu"))
+    assert "no dense copy" in runner.format.reason and runner.format.int_max_rows is None
+    assert runner.decode_step is not None and runner.decode_step.every_pass
+    assert all(layer.mlp.down_proj.weight.numel() == 0 for layer in runner.model.layers)
+    dense = EngineConfig(max_total_tokens=512, device="cpu", quantization="none", dtype="float32")
+    reference = ModelRunner(folder, dense)
+    runner.decode_step.max_rows = 2  # five decode rows: three groups, each on its own copies
+    prompts = [tokenizer.encode(p + " " * i) for i, p in enumerate(PROMPTS + PROMPTS[:2])]
+    got, want = [], []
+    for each, rows in ((runner, got), (reference, want)):
+        pairs = _segments(each.pool, prompts)
+        # a mixed pass: the first prompt's prefill beside nothing else, then prefills of two
+        # at once, then the rest; then every prompt's last token as decode rows together
+        for batch in ([pairs[0][0]], [p[0] for p in pairs[1:3]], [p[0] for p in pairs[3:]]):
+            out = each.forward(batch)
+            rows += [out.rows(i) for i in range(len(batch))]
+        out = each.forward([p[1] for p in pairs])
+        rows += [out.rows(i) for i in range(len(pairs))]
+    assert len(got) == len(want) == 2 * len(prompts)
+    for ours, theirs in zip(got, want, strict=True):
+        if theirs is None:  # a prefill that wanted no logits
+            assert ours is None
+            continue
+        assert ours.shape == theirs.shape and torch.isfinite(ours).all()
+        assert (ours - theirs).abs().max() <= 0.05 * theirs.abs().max()

@@ -51,8 +51,13 @@ class KVView:
 class DecodeKV:
     """Gathered K/V copies of the last decode batch (see the module doc)."""
 
-    def __init__(self, pool: KVPool, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, pool: KVPool, dtype: torch.dtype | None = None, max_bytes: int | None = MAX_BYTES
+    ) -> None:
         self.pool = pool
+        # None: no bound (where the copies are the only path attention has: every pass on the
+        # onnxruntime graph); else a batch whose copies would take more is refused.
+        self.max_bytes = max_bytes
         # The copies are kept in the dtype attention computes in (float64 in the int modes), so
         # a step converts only its new rows, not the whole prefix per layer.
         self.dtype = dtype or pool.k.dtype
@@ -79,7 +84,8 @@ class DecodeKV:
         capacity = max(self._shape[1], -(-longest // ROUND) * ROUND)
         pool = self.pool
         row_bytes = pool.num_kv_heads * pool.head_dim * self.dtype.itemsize
-        if 2 * pool.num_layers * batch * capacity * row_bytes > MAX_BYTES:
+        limit = self.max_bytes
+        if limit is not None and 2 * pool.num_layers * batch * capacity * row_bytes > limit:
             self.reset()
             return None
         prev = self._rows

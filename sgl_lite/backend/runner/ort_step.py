@@ -143,12 +143,18 @@ def _normed_qk(g: _Graph, qkv: str, attn: Any, eps: float) -> str:
 
 
 def _step_session(
-    model: LlamaForCausalLM, codes: dict[str, GroupAffine], head: GroupAffine, threads: int
+    model: LlamaForCausalLM,
+    codes: dict[str, GroupAffine],
+    head: GroupAffine,
+    threads: int,
+    consume: bool = False,
 ) -> Any:
     """The step's session: x (T, hidden) for the pass's T = B * S new tokens, rows (3,) int64
     (B, S, -1), seqlens (B,) int32 (each row's length after the pass, minus one), total (1,)
     int32 (the longest row after it), and per layer i past_k_i/past_v_i (B, Hkv, C, D) →
-    logits (T, V) and present_k_i/present_v_i, bound to the past buffers."""
+    logits (T, V) and present_k_i/present_v_i, bound to the past buffers. `consume` takes
+    each linear's codes out of `codes` once packed into the graph (a load's peak memory)."""
+    take = codes.pop if consume else codes.__getitem__
     config = model.config
     layers, hidden = config.num_hidden_layers, config.hidden_size
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -167,7 +173,7 @@ def _step_session(
         h = g.rms_norm(x, norms[0], eps)
         attn_module = layer.self_attn
         qkv_linear = attn_module.qkv_proj
-        qkv = g.linear(codes[f"{i}.self_attn.qkv_proj"], h, "qkv", qkv_linear.bias)
+        qkv = g.linear(take(f"{i}.self_attn.qkv_proj"), h, "qkv", qkv_linear.bias)
         if attn_module.qk_norm is not None:  # Qwen3 (per head), OLMo 2's q/k (whole projection)
             qkv = _normed_qk(g, qkv, attn_module, eps=float(attn_module.eps))
         qkv = g.op("Reshape", [qkv, "rows"])  # (B, S, ...): S new tokens in each of B rows
@@ -190,16 +196,18 @@ def _step_session(
         )
         attn = g.op("Reshape", [attn, g.ints(-1, heads * dim)])  # (T, H D)
         o_proj = attn_module.o_proj
-        x = g.op("Add", [x, g.linear(codes[f"{i}.self_attn.o_proj"], attn, "o", o_proj.bias)])
+        x = g.op("Add", [x, g.linear(take(f"{i}.self_attn.o_proj"), attn, "o", o_proj.bias)])
         h = g.rms_norm(x, norms[1], eps)
         mlp = layer.mlp
-        fused = g.linear(codes[f"{i}.mlp.gate_up_proj"], h, "gate_up", mlp.gate_up_proj.bias)
+        fused = g.linear(take(f"{i}.mlp.gate_up_proj"), h, "gate_up", mlp.gate_up_proj.bias)
         width = layer.mlp.intermediate
         gate, up = g.ops("Split", [fused, g.ints(width, width)], 2, axis=-1)
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
-        down = g.linear(codes[f"{i}.mlp.down_proj"], act, "down", mlp.down_proj.bias)
+        down = g.linear(take(f"{i}.mlp.down_proj"), act, "down", mlp.down_proj.bias)
         x = g.op("Add", [x, down])
-    final = g.rms_norm(x, model.norm, eps)
+    # Only the rows whose logits the pass wants reach the head: a prompt's chunk of S tokens
+    # wants one or none, and the head is the step's widest linear.
+    final = g.op("Gather", [g.rms_norm(x, model.norm, eps), "picked"], axis=0)  # (R, hidden)
     g.nodes.append(onnx_proto.node("Identity", [g.linear(head, final, "head")], ["logits"]))
     f, i32 = onnx_proto.FLOAT, onnx_proto.ELEM_TYPES[np.dtype(np.int32)]
     kv_shape: list[int | str] = ["B", kv_heads, "C", dim]
@@ -208,8 +216,9 @@ def _step_session(
         onnx_proto.value_info("rows", onnx_proto.ELEM_TYPES[np.dtype(np.int64)], [3]),
         onnx_proto.value_info("seqlens", i32, ["B"]),
         onnx_proto.value_info("total", i32, [1]),
+        onnx_proto.value_info("picked", onnx_proto.ELEM_TYPES[np.dtype(np.int64)], ["R"]),
     ]
-    outputs = [onnx_proto.value_info("logits", f, ["T", head.q.shape[0]])]
+    outputs = [onnx_proto.value_info("logits", f, ["R", head.q.shape[0]])]
     for i in range(layers):
         inputs += [onnx_proto.value_info(f"past_{kv}_{i}", f, kv_shape) for kv in "kv"]
         outputs += [onnx_proto.value_info(f"present_{kv}_{i}", f, kv_shape) for kv in "kv"]
@@ -223,6 +232,7 @@ class _StepInputs(NamedTuple):
     rows: torch.Tensor  # (3,) int64: B, S, -1 (the query's shape)
     seqlens: torch.Tensor  # (B,) int32
     total: torch.Tensor  # (1,) int32
+    picked: torch.Tensor  # (R,) int64: the rows of x whose logits the pass wants
 
 
 class OrtDecodeStep:
@@ -233,6 +243,9 @@ class OrtDecodeStep:
         self.model = model
         self.max_rows = max_rows
         self.build_seconds = seconds
+        # Set where the model has no dense linears: the runner then sends every pass here
+        # (prefill chunks one request at a time, decode rows in groups of `max_rows`).
+        self.every_pass = False
         config = model.config
         self.layers = config.num_hidden_layers
         self.kv_heads = config.num_key_value_heads
@@ -248,14 +261,16 @@ class OrtDecodeStep:
         head: GroupAffine,
         threads: int,
         max_rows: int,
+        consume: bool = False,
     ) -> OrtDecodeStep:
         """The step for `model` from its linears' codes (by "<layer>.<linear>") and the head's;
-        raises if the model is not the plain Llama block or onnxruntime refuses the graph."""
+        raises if the model is not the plain Llama block or onnxruntime refuses the graph.
+        `consume` empties `codes` as the graph takes them."""
         why = unsupported(model)
         if why:
             raise ValueError(f"the onnxruntime decode step cannot run this model: {why}")
         started = time.perf_counter()
-        session = _step_session(model, codes, head, threads)
+        session = _step_session(model, codes, head, threads, consume)
         return cls(session, model, max_rows, time.perf_counter() - started)
 
     def takes(self, segments: list[Segment]) -> bool:
@@ -285,11 +300,13 @@ class OrtDecodeStep:
             decode_kv.reset()  # the copies may be half-updated
             raise
 
-    def _binding(self, view: KVView, batch: int, tokens: int) -> tuple[Any, _StepInputs]:
+    def _binding(
+        self, view: KVView, batch: int, tokens: int, picked: int
+    ) -> tuple[Any, _StepInputs]:
         """The IO binding for this batch's copies, made once per copies buffer and pass shape:
         binding every layer's past and present (4 per layer) costs ~1 ms of Python a pass,
         more than the attention itself. The small inputs are buffers the pass fills."""
-        key = (batch, tokens, view.capacity, view.k_all.data_ptr(), view.v_all.data_ptr())
+        key = (batch, tokens, picked, view.capacity, view.k_all.data_ptr(), view.v_all.data_ptr())
         if self._bound is not None and self._bound[0] == key:
             return self._bound[1], self._bound[2]
         inputs = _StepInputs(
@@ -297,6 +314,7 @@ class OrtDecodeStep:
             torch.tensor([batch, tokens // batch, -1]),
             torch.empty(batch, dtype=torch.int32),
             torch.empty(1, dtype=torch.int32),
+            torch.empty(picked, dtype=torch.int64),
         )
         binding = self.session.io_binding()
         for name, tensor in zip(_StepInputs._fields, inputs):
@@ -326,11 +344,16 @@ class OrtDecodeStep:
         model = self.model
         ids = torch.tensor([t for s in segments for t in s.token_ids], dtype=torch.long)
         tokens = len(ids)
-        binding, inputs = self._binding(view, batch, tokens)
+        # The rows whose logits the pass wants: each decode row's, or one request's from its
+        # `logits_from` on (at least one row: the graph's head takes no empty batch).
+        first = segments[0].logits_from if batch == 1 else 0
+        picked = torch.arange(min(first, tokens - 1), tokens)
+        binding, inputs = self._binding(view, batch, tokens, len(picked))
         inputs.x.copy_(model.embed_tokens(ids))
         inputs.seqlens.copy_(ends - 1)  # a row's keys before its last new token
         inputs.total.fill_(int(ends.max()))
-        logits = torch.empty(tokens, self.vocab)  # fresh each pass: callers may keep it
+        inputs.picked.copy_(picked)
+        logits = torch.empty(len(picked), self.vocab)  # fresh each pass: callers may keep it
         binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.data_ptr())
         self.session.run_with_iobinding(binding)
         # The pool gets this pass's K/V rows, read back from where the graph put them.
@@ -350,6 +373,6 @@ class OrtDecodeStep:
                 copy.view(rows).index_copy_(1, view.new_index, rounded)
         if model.logits_scaling != 1.0:
             logits = logits / model.logits_scaling
-        if batch == 1:  # one request's tokens: the rows it asked for
-            return ForwardOutput(logits, [(segments[0].logits_from, tokens)])
+        if batch == 1:  # one request's tokens: the rows it asked for (maybe none)
+            return ForwardOutput(logits, [(first - int(picked[0]), len(picked))])
         return ForwardOutput(logits, [(b, b + 1) for b in range(batch)])

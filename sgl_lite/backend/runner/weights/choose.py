@@ -1,9 +1,12 @@
 """Chooses and installs a loaded model's weight format: the mode, the int kernel, the dtype.
 
-`prepare_weights` is the runner's one call at load. It resolves the settings (formats), reads
-the file's own quantized codes, packs the linears for each candidate kernel, checks and times
-them on this CPU, and installs the winner; every fallback is logged with its reason, and only
-an explicit request that cannot run here raises.
+Two calls at load. Before the weights are read, `read_file_codes` gives a GGUF file's own
+quantized codes and `codes_only_linears` says which linears need no dense copy at all: in the
+fast mode on CPU, when every decoder linear has codes onnxruntime's kernel takes, the file's
+codes are the only copy (memory ≈ the file). After, `prepare_weights` resolves the settings
+(formats), packs the linears for each candidate kernel, checks and times them on this CPU, and
+installs the winner; every fallback is logged with its reason, and only an explicit request
+that cannot run here raises.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 from transformers import PretrainedConfig
 
 from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.runner.model_loader import gguf_source
+from sgl_lite.backend.runner.model_loader import ModelLoadError, gguf_source
 from sgl_lite.backend.runner.ort_step import OrtDecodeStep, unsupported
 from sgl_lite.backend.runner.weights import ort_nbits
 from sgl_lite.backend.runner.weights.cpu import CpuCaps, cpu_caps, rows_invariant, time_kernels
@@ -30,6 +33,7 @@ from sgl_lite.backend.runner.weights.formats import (
 from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.runner.weights.packing import (
     PackedModel,
+    drop_dense_linears,
     exact_codes,
     file_formats,
     pack_model,
@@ -51,6 +55,74 @@ MAX_KERNEL_ERROR = 0.05
 DISABLE_ORT_STEP_ENV = "SGL_LITE_DISABLE_ORT_STEP"
 # The most requests one onnxruntime decode step takes (the decode copies' own bound).
 ORT_STEP_MAX_ROWS = 16
+# 1: keep dense float copies of a GGUF file's quantized linears beside their codes; 0: never;
+# unset: where they pay (`codes_only_linears`).
+DENSE_LINEARS_ENV = "SGL_LITE_DENSE_LINEARS"
+# The most memory a dense copy of the linears may take to be kept for its faster prefill: a
+# small model's (SmolLM2-135M: 270 MB in bf16). Above it the file's codes are the only copy,
+# so memory stays near the file's size (a 1B model's dense copy is ~2 GB in bf16).
+DENSE_COPY_BUDGET = 512 << 20
+# Rows of the probe pass that compares the codes' kernel with the dense GEMM for prefill.
+PREFILL_PROBE_ROWS = 256
+
+
+def read_file_codes(
+    folder: Path, hf_config: PretrainedConfig, config: EngineConfig, device: torch.device
+) -> dict[str, GroupAffine]:
+    """The quantized codes of a GGUF model's linears by transformers name, where the int
+    kernels may run them (CPU; quantization auto or int4); empty otherwise."""
+    source = gguf_source(folder) if config.quantization in ("auto", "int4") else None
+    if source is None or device.type != "cpu":
+        return {}
+    return read_quantized(source, hf_config)
+
+
+class CodesPlan(NamedTuple):
+    """Which linear weights are loaded as codes only (by transformers name), and why the
+    others keep a dense copy (for the start-up line; "" where nothing is said)."""
+
+    names: list[str]
+    note: str
+
+
+def codes_only_linears(
+    model: LlamaForCausalLM, quantized: dict[str, GroupAffine], config: EngineConfig
+) -> CodesPlan:
+    """The decoder linears that need no dense copy: all of them when the fast mode can run
+    each pass from the file's codes on onnxruntime's kernel (quantization auto, codes for every
+    linear in a shape it packs) and a dense copy does not pay: it would take more than
+    DENSE_COPY_BUDGET, or a prefill-sized probe pass measures it no faster than the codes.
+    `DENSE_LINEARS_ENV` overrides the rule. The model may still be on the meta device.
+    """
+    if config.enable_deterministic_inference or config.quantization != "auto" or not quantized:
+        return CodesPlan([], "")
+    forced = os.environ.get(DENSE_LINEARS_ENV)
+    if forced == "1" or ort_nbits.available():
+        return CodesPlan([], "")
+    kind = packed_file_kind(model, quantized)
+    if kind is None or shape_problem(model, kind):
+        return CodesPlan([], "")
+    names = [name for name in quantized if name.startswith("model.layers.")]
+    dense, _ = resolve_dense_dtype(config.dtype, "cpu", cpu_caps())
+    size = sum(quantized[name].q.numel() for name in names) * dense.itemsize
+    if forced == "0" or size > DENSE_COPY_BUDGET:
+        return CodesPlan(names, "")
+    threads = config.num_threads or torch.get_num_threads()
+    widest = max(names, key=lambda name: quantized[name].q.numel())
+    affine = quantized[widest]
+    timing = time_kernels(
+        "prefill",
+        {"onnxruntime": [ort_nbits.OrtNBitsWeight.from_affine(affine, threads)]},
+        [affine.dequantize()],
+        dense,
+        repeats=3,
+        rows=PREFILL_PROBE_ROWS,
+    )
+    if timing.wins:
+        return CodesPlan(names, "")
+    return CodesPlan(
+        [], f"; a dense copy of the linears kept ({size / 2**20:.0f} MB): {timing.describe()}"
+    )
 
 
 class PreparedWeights(NamedTuple):
@@ -65,24 +137,26 @@ class PreparedWeights(NamedTuple):
 def prepare_weights(
     model: LlamaForCausalLM,
     folder: Path,
-    hf_config: PretrainedConfig,
     config: EngineConfig,
     device: torch.device,
+    quantized: dict[str, GroupAffine],
+    plan: CodesPlan | None = None,
 ) -> PreparedWeights:
     """Resolves the format for this file and machine, packs and installs the int kernels it
     uses (and, in the fast mode, builds the onnxruntime decode step); returns what it installed.
-    Raises ValueError for settings that cannot run here (an explicit quantization, or the
+    `quantized` is `read_file_codes`' answer; `plan` is `codes_only_linears`': where it names
+    the decoder linears, they were loaded without dense weights and every pass runs their
+    codes. Raises
+    ValueError for settings that cannot run here (an explicit quantization, or the
     deterministic mode's guarantee)."""
     on_cpu = device.type == "cpu"
     caps = cpu_caps() if on_cpu else None
-    quantized: dict[str, GroupAffine] = {}
-    source = gguf_source(folder) if config.quantization in ("auto", "int4") else None
-    if source is not None and on_cpu:
-        quantized = read_quantized(source, hf_config)
     file_kind = packed_file_kind(model, quantized) if quantized else None
     kind = config.quantization if config.quantization in ("int4", "int8") else file_kind
     problem = shape_problem(model, kind) if kind and on_cpu else None
     note = f"; the file's linears: {file_formats(model, quantized)}" if file_kind else ""
+    plan = plan or CodesPlan([], "")
+    note += plan.note
     if problem and config.quantization == "auto":
         file_kind, note = None, f"; int kernels skipped: {problem}"
     elif problem:
@@ -101,6 +175,8 @@ def prepare_weights(
     threads = config.num_threads or torch.get_num_threads()
     if deterministic:
         return PreparedWeights(*_install_deterministic(model, fmt, quantized, config, note))
+    if plan.names:
+        return _install_codes_only(model, fmt, quantized, threads, note)
     key = (str(folder), kind, config.dtype, config.quantization, threads)
     # The fused linears' block codes once, for torch's int4 packing and the onnxruntime step.
     codes = exact_codes(model, fmt.int_kind, quantized) if _wants_codes(model, fmt) else None
@@ -137,17 +213,26 @@ def _decode_step(
     quantized: dict[str, GroupAffine],
     threads: int,
     codes: tuple[dict[str, GroupAffine], GroupAffine] | None = None,
+    consume: bool = False,
 ) -> tuple[OrtDecodeStep | None, str]:
     """The fast mode's whole decode step on onnxruntime, or None and why not (logged);
-    `codes` are `exact_codes`' answer where the caller has it."""
+    `codes` are `exact_codes`' answer where the caller has it, emptied by the build where
+    `consume` (nothing else may need them then: a failed build raises ModelLoadError)."""
     why = _ort_step_blocker(model)
     step = None
     if not why:
         try:
             linears, head = codes or exact_codes(model, kind, quantized)
-            step = OrtDecodeStep.build(model, linears, head, threads, ORT_STEP_MAX_ROWS)
+            step = OrtDecodeStep.build(
+                model, linears, head, threads, ORT_STEP_MAX_ROWS, consume=consume
+            )
         except Exception as exc:  # onnxruntime raises its own types; any failure falls back
             why = f"{type(exc).__name__}: {exc}"
+            if consume:
+                raise ModelLoadError(
+                    f"the onnxruntime graph of this file's codes failed to build ({why}); "
+                    f"set {DENSE_LINEARS_ENV}=1 to run the dense weights"
+                ) from exc
     if step is None:
         logger.info("sgl_lite weights: decode steps on torch (onnxruntime step not used: %s)", why)
         return None, f"; decode steps on torch (onnxruntime step not used: {why})"
@@ -155,6 +240,59 @@ def _decode_step(
         f"; decode steps of <= {step.max_rows} requests: one onnxruntime graph "
         f"(built in {step.build_seconds:.1f}s)"
     )
+
+
+def _install_codes_only(
+    model: LlamaForCausalLM,
+    fmt: WeightFormat,
+    quantized: dict[str, GroupAffine],
+    threads: int,
+    note: str,
+) -> PreparedWeights:
+    """Every pass on the file's codes, with no dense copy of a linear: as one onnxruntime graph
+    (the decode step's, which then takes prefill chunks too) where the model's block is one it
+    builds, else each linear (and the head) as its own `MatMulNBits` session. Raises
+    ModelLoadError when a kernel fails its check here (the dense weights it would fall back
+    to were never read)."""
+    kind = fmt.int_kind
+    assert kind is not None
+    codes = exact_codes(model, kind, quantized, consume=True)
+    fmt = replace(fmt, int_max_rows=None).with_kernel("onnxruntime", "no dense copy of the linears")
+    # Where the graph cannot express the model, `_decode_step` says so before touching `codes`
+    # (they then feed the per-linear sessions below); once it starts, it owns them.
+    step, step_note = _decode_step(model, kind, quantized, threads, codes, consume=True)
+    if step is not None:
+        step.every_pass = True
+        drop_dense_linears(model)
+        note += "; every pass on the graph"
+        return PreparedWeights(replace(fmt, reason=fmt.reason + step_note), note, step)
+    packed = pack_model(model, kind, quantized, "onnxruntime", threads, codes=codes[0])
+    why = _codes_problem(packed, codes[0])
+    if why:
+        raise ModelLoadError(
+            f"onnxruntime's MatMulNBits fails its check on this file's codes ({why}); "
+            f"set {DENSE_LINEARS_ENV}=1 to run the dense weights"
+        )
+    packed.install(model, keep_dense=False)
+    report = packed.report
+    note += (
+        f"; packed {report.total} linears from the file's codes in {report.seconds:.1f}s: "
+        f"{report.packed_bytes / 2**20:.0f} MB"
+    )
+    return PreparedWeights(replace(fmt, reason=fmt.reason + step_note), note)
+
+
+def _codes_problem(packed: PackedModel, codes: dict[str, GroupAffine]) -> str | None:
+    """Why the first packed linear's product parts from its codes' exact one, or None."""
+    linear, weight = packed.linears[0]
+    affine = next(iter(codes.values()))
+    x = torch.randn(2, linear.in_features, generator=torch.Generator().manual_seed(0))
+    got = weight.matmul(x.to(weight.input_dtype)).float()
+    want = x @ affine.dequantize().t()
+    error = float((got - want).norm() / want.norm())
+    if not error < MAX_KERNEL_ERROR:  # NaN included
+        return f"its product is off by {error:.1%}"
+    return None
 
 
 def _install_deterministic(

@@ -166,17 +166,22 @@ def file_formats(model: Any, quantized: dict[str, GroupAffine]) -> str:
 
 
 def exact_codes(
-    model: Any, kind: str, quantized: dict[str, GroupAffine]
+    model: Any, kind: str, quantized: dict[str, GroupAffine], consume: bool = False
 ) -> tuple[dict[str, GroupAffine], GroupAffine]:
     """Block codes for onnxruntime's MatMulNBits: each decoder linear's by "<layer>.<linear>"
     and the head's (8 bits), the file's own where it has them, else rounded from the float
-    weights at `kind`'s width (the rule `pack_model` follows for that kernel)."""
+    weights at `kind`'s width (the rule `pack_model` follows for that kernel). `consume` takes
+    each part out of `quantized` once fused, so the parts and the fused copies never coexist
+    whole (a load's peak memory)."""
     bits = {"int4": 4, "int8": 8}[kind]
     codes = {}
     for i, name, linear in _linears(model):
         # The file's codes as they are (4- or 8-bit, groups of 16 or 32: MatMulNBits takes
         # each), rounded from the float weights only where the file has none.
         affine = _file_codes(quantized, i, name, None)
+        if consume:
+            for part in FUSED_PARTS[name]:
+                quantized.pop(f"model.layers.{i}.{part}.weight", None)
         if affine is None:
             weight = linear.weight.detach()
             affine = affine_int4(weight) if bits == 4 else _affine_int8(weight)
@@ -186,6 +191,17 @@ def exact_codes(
     if head is None or head.bits != 8:
         head = _affine_int8(source.detach())
     return codes, head
+
+
+def drop_dense_linears(model: Any) -> None:
+    """Frees the dense weights of every decoder linear and of an untied head (their codes run
+    elsewhere: the onnxruntime graph); each keeps an empty weight of the model's dtype, so
+    `.to(dtype)` and state listings keep working."""
+    linears = [linear for _, _, linear in _linears(model)]
+    if model.lm_head is not None:
+        linears.append(model.lm_head)
+    for linear in linears:
+        linear.weight = nn.Parameter(torch.empty(0, linear.in_features), requires_grad=False)
 
 
 @dataclass
