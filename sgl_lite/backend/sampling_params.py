@@ -19,12 +19,15 @@ import regex
 from sgl_lite.backend.errors import InvalidRequest
 from sgl_lite.common import SAMPLING_PARAM_NAMES
 
+# SGLang's max_new_tokens when a request leaves it out (the engine's and /generate's default).
+DEFAULT_MAX_NEW_TOKENS = 128
+
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     """How one request samples and when it stops (SGLang's names and defaults)."""
 
-    max_new_tokens: int = 128
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     min_new_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0

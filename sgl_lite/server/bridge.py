@@ -1,11 +1,14 @@
 """EngineBridge: from asyncio to the engine, shared by both protocols.
 
-Every generation of the HTTP server goes through `EngineBridge.submit` and `stream`: the
-engine's loop thread feeds each submission's `AsyncChannel` (an asyncio.Queue, through
-`call_soon_threadsafe`), so a waiting request costs no thread. A stream the client leaves is
-closed by Starlette, and closing it aborts what is left; a plain request aborts when the
-client's disconnect message arrives. The text that arrives is final (the engine's
-detokenizer holds back what may still become a stop string), so nothing is held back here.
+Every generation of the HTTP server is one `GenerateInput`, built by its route inside
+`EngineBridge.refusals` (an engine refusal becomes a 400 in the route's spelling) and queued by
+`EngineBridge.submit`; its results come back through `stream`. The engine's loop thread feeds
+each submission's `AsyncChannel` (an asyncio.Queue, through `call_soon_threadsafe`), so a
+waiting request costs no thread. A stream the client leaves is closed by Starlette, and closing
+it aborts what is left; a plain request aborts when the client's disconnect message arrives.
+The text that arrives is final (the engine's detokenizer holds back what may still become a
+stop string), so nothing is held back here.
+
 Also the small wire helpers both route modules use (SSE framing).
 """
 
@@ -15,12 +18,13 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 
+from sgl_lite.backend.engine.inputs import GenerateInput
 from sgl_lite.backend.engine.intake import new_rid
 from sgl_lite.backend.engine.results import AsyncChannel, ResultCollector
 from sgl_lite.backend.engine.results import Submission as EngineSubmission
@@ -64,33 +68,22 @@ class EngineBridge:
         """`fn(*args, **kwargs)` off the event loop (short blocking engine calls)."""
         return await asyncio.to_thread(fn, *args, **kwargs)
 
-    async def submit(
-        self,
-        *,
-        text: Any = None,
-        input_ids: Any = None,
-        sampling_params: Any = None,
-        rid: Any = None,
-        aliases: dict[str, str] | None = None,
-        overload_status: int = 503,
-        **options: Any,
-    ) -> Submission:
-        """Validates and queues a generate call; a 400 ApiError names the bad field, and a full
-        queue answers `overload_status` (503 native, 429 OpenAI) with Retry-After."""
-        if (text is None) == (input_ids is None):
-            raise ApiError(400, "give exactly one of text and input_ids", param="text")
-        given = text if text is not None else input_ids
-        single = isinstance(text, str) or (
-            input_ids is not None and bool(input_ids) and not isinstance(input_ids[0], list)
-        )
-        prompts = [given] if single else given
-        if isinstance(rid, list) != (not single) and rid is not None:
-            raise ApiError(
-                400, "rid must be a string for one prompt and a list for a list", param="rid"
-            )
-        client_rids = (
-            ([rid] if single else rid) if rid is not None else [new_rid() for _ in prompts]
-        )
+    @contextlib.contextmanager
+    def refusals(self, aliases: dict[str, str] | None = None) -> Iterator[None]:
+        """Turns an `InvalidRequest` raised inside (building a `GenerateInput`, submitting it)
+        into the 400 `ApiError` naming the field in the client's spelling (`aliases`: engine
+        name -> the route's), counted in the metrics."""
+        try:
+            yield
+        except InvalidRequest as exc:
+            self.metrics.observe_invalid(exc)
+            raise error_for(exc, aliases) from None
+
+    async def submit(self, inp: GenerateInput, *, overload_status: int = 503) -> Submission:
+        """Queues a generate call (run it inside `refusals`: an InvalidRequest is raised as
+        is); a full queue answers `overload_status` (503 native, 429 OpenAI) with Retry-After,
+        a client rid already running a 400."""
+        client_rids = [r if r is not None else new_rid() for r in inp.rids]
         clash = [r for r in client_rids if r in self.running]
         if clash or len(set(client_rids)) != len(client_rids):
             raise ApiError(400, f"rid {(clash or client_rids)[0]!r} is already in use", param="rid")
@@ -98,21 +91,12 @@ class EngineBridge:
             self.running[r] = ()
         channel = AsyncChannel()
         started = time.perf_counter()
-        # NOTE: the engine always sees a list, so every result carries its output "index"
+        # NOTE: the engine always sees a list, so every result carries its output "index"; every
+        # step is streamed to the channel, whatever the client asked of the answer
         try:
             sub = await self.call(
-                self.engine.submit,
-                channel.put,
-                **({"prompt": prompts} if text is not None else {"input_ids": prompts}),
-                sampling_params=sampling_params,
-                rid=list(client_rids),
-                stream=True,
-                **options,
+                self.engine.submit, inp.as_batch(client_rids, stream=True), channel.put
             )
-        except InvalidRequest as exc:
-            self._release(client_rids)
-            self.metrics.observe_invalid(exc)
-            raise error_for(exc, aliases) from None
         except QueueFull as exc:
             self._release(client_rids)
             self.metrics.observe_rejected()
@@ -124,7 +108,7 @@ class EngineBridge:
         for r, group in zip(client_rids, sub.groups):
             self.running[r] = group
         collector = ResultCollector(sub, self.engine.abort)
-        return Submission(sub, client_rids, channel, collector, not single, started)
+        return Submission(sub, client_rids, channel, collector, inp.batched, started)
 
     async def stream(self, sub: Submission) -> AsyncGenerator[dict, None]:
         """Each output's result so far (cumulative, with "index"); leaving early aborts the

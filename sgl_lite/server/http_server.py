@@ -22,6 +22,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sgl_lite.backend.engine.inputs import GenerateInput
+from sgl_lite.backend.errors import InvalidRequest
 from sgl_lite.server.bridge import LOGPROB_KEYS, EngineBridge, Submission, sse
 from sgl_lite.server.compat import generate_body, sglang05_meta
 from sgl_lite.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -36,6 +38,7 @@ from sgl_lite.server.protocol import (
     ApiError,
     GenerateRequest,
     JsonResponse,
+    error_for,
     parse,
     read_json,
     validation_error,
@@ -124,6 +127,12 @@ def create_app(
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return exc.response()
 
+    @app.exception_handler(InvalidRequest)
+    async def _refused(request: Request, exc: InvalidRequest) -> JSONResponse:
+        # NOTE: routes build their GenerateInput inside `bridge.refusals`, which answers in the
+        # route's spelling; this only keeps a refusal from anywhere else a 400
+        return error_for(exc).response()
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return validation_error(exc).response()
@@ -144,9 +153,11 @@ def create_app(
     @app.get("/health_generate")
     async def health_generate() -> JSONResponse:
         try:
-            sub = await bridge.submit(
-                text="ping", sampling_params={"max_new_tokens": 1, "temperature": 0}
-            )
+            with bridge.refusals():
+                ping = GenerateInput(
+                    prompt="ping", sampling_params={"max_new_tokens": 1, "temperature": 0}
+                )
+                sub = await bridge.submit(ping)
             await asyncio.wait_for(bridge.collect(sub), timeout=60)
         except (ApiError, asyncio.TimeoutError) as exc:
             raise ApiError(503, f"the engine did not generate: {exc}") from None
@@ -195,19 +206,8 @@ def create_app(
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         req = parse(GenerateRequest, generate_body(await read_json(request, max_body_bytes)))
-        sub = await bridge.submit(
-            text=req.text,
-            input_ids=req.input_ids,
-            sampling_params=req.sampling_params,
-            rid=req.rid,
-            aliases={"prompt": "text"},
-            return_logprob=req.return_logprob,
-            logprob_start_len=req.logprob_start_len,
-            top_logprobs_num=req.top_logprobs_num,
-            return_text_in_logprobs=req.return_text_in_logprobs,
-            timeout=req.timeout,
-            custom_logit_processor=req.custom_logit_processor,
-        )
+        with bridge.refusals({"prompt": "text"}):
+            sub = await bridge.submit(req.to_input())
         if not req.stream:
             results = [sglang05_meta(r) for r in await bridge.collect(sub, request)]
             if sub.single:

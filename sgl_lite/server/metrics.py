@@ -22,6 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from sgl_lite.backend.constrained import GrammarError
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # SGLang's default buckets (python/sglang/srt/metrics/collector.py)
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
@@ -31,6 +33,17 @@ ITL_BUCKETS = (
     *(0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0),
 )
 GRAMMAR_KINDS = frozenset({"regex", "json_schema", "ebnf"})
+
+
+def grammar_refused(error: Any) -> bool:
+    """Whether a refusal was the request's constraint's: the pattern itself (its field a
+    grammar kind), or a budget its compiled grammar cannot fit (named `max_new_tokens`, the
+    grammar's error as its cause: engine.py's `_poll_grammars`)."""
+    if getattr(error, "field", None) in GRAMMAR_KINDS:
+        return True
+    return isinstance(getattr(error, "__cause__", None), GrammarError)
+
+
 LABEL = "model_name"
 
 # (name, help, how to read it from engine.get_server_info())
@@ -232,8 +245,7 @@ class ServerMetrics:
         self.e2e_latency.observe(latency)
         if kind == "abort":
             self.num_aborted.inc()
-            error = getattr(reason, "error", None)
-            if getattr(error, "field", None) in GRAMMAR_KINDS:  # engine.py: _poll_grammars
+            if grammar_refused(getattr(reason, "error", None)):
                 self.grammar_aborted.inc()
         if "budget_closed" in meta:  # present exactly for finished constrained outputs
             self.num_constrained.inc()
@@ -242,7 +254,7 @@ class ServerMetrics:
 
     def observe_invalid(self, error: Any) -> None:
         """A request refused at submission (an InvalidRequest): counted if its grammar was."""
-        if getattr(error, "field", None) in GRAMMAR_KINDS:
+        if grammar_refused(error):
             self.grammar_aborted.inc()
 
     def observe_rejected(self) -> None:

@@ -25,6 +25,7 @@ from pydantic import (
     ValidationError,
 )
 
+from sgl_lite.backend.engine.inputs import GenerateInput
 from sgl_lite.backend.errors import InvalidRequest
 from sgl_lite.backend.types import FinishReason
 from sgl_lite.common import SAMPLING_PARAM_NAMES
@@ -56,6 +57,22 @@ class GenerateRequest(_Wire):
     # SGLang's CustomLogitProcessor.to_str() (one, or one per prompt); the engine refuses it
     # unless started with --enable-custom-logit-processor
     custom_logit_processor: StrictStr | list[StrictStr | None] | None = None
+
+    def to_input(self) -> GenerateInput:
+        """The engine's generate call (raises the engine's InvalidRequest for a bad shape)."""
+        return GenerateInput(
+            prompt=self.text,
+            input_ids=self.input_ids,
+            sampling_params=self.sampling_params,
+            return_logprob=self.return_logprob,
+            logprob_start_len=self.logprob_start_len,
+            top_logprobs_num=self.top_logprobs_num,
+            return_text_in_logprobs=self.return_text_in_logprobs,
+            stream=self.stream,
+            rid=self.rid,
+            timeout=self.timeout,
+            custom_logit_processor=self.custom_logit_processor,
+        )
 
 
 class AbortRequest(_Wire):
@@ -123,11 +140,17 @@ class _SamplingFields(_Wire):
         return {k: v for k, v in params.items() if v is not None}
 
 
+# /v1/completions' max_tokens when the body leaves it out or sends null (OpenAI's default). The
+# chat and responses routes default to the room the context leaves; /generate to SamplingParams'
+# DEFAULT_MAX_NEW_TOKENS.
+COMPLETIONS_MAX_TOKENS = 16
+
+
 class CompletionRequest(_SamplingFields):
     """`POST /v1/completions`."""
 
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: StrictInt | None = Field(16, ge=0)
+    max_tokens: StrictInt | None = Field(COMPLETIONS_MAX_TOKENS, ge=0)
     logprobs: StrictInt | None = Field(None, ge=0, le=20)
     echo: StrictBool = False
     suffix: StrictStr | None = None

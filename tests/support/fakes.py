@@ -164,17 +164,16 @@ class ScriptedEngine:
     def max_new_tokens_room(self, prompt_len: int) -> int:
         return 64 - prompt_len
 
-    def submit(self, sink, prompt=None, sampling_params=None, input_ids=None, rid=None, **_):
-        params = (
-            sampling_params if isinstance(sampling_params, dict) else (sampling_params or [{}])[0]
-        )
+    def submit(self, inp, sink):
+        given = inp.sampling_params  # a GenerateInput's, as the client's body had it
+        params = given if isinstance(given, dict) else (given or [{}])[0]
         self.submitted.append(params)
         regex = params.get("regex")
         if regex == "bad":
             raise InvalidRequest("regex", "regex 'bad' is not a valid regular expression")
         if regex == "boom":
             raise RuntimeError("grammar worker crashed")
-        rid = rid[0]
+        rid = inp.rid[0]
         if regex == "hang":  # one token, then nothing until aborted
             self.hanging[rid] = sink
             sink(output(rid, "a", [1], 0, None))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.engine.intake import RequestBuilder, generate_args
+from sgl_lite.backend.engine.inputs import GenerateInput
+from sgl_lite.backend.engine.intake import RequestBuilder
 from sgl_lite.backend.errors import InvalidRequest
 from tests.support.fakes import VOCAB, ByteTokenizer
 
@@ -22,15 +23,17 @@ def builder() -> RequestBuilder:
     )
 
 
-def build(builder: RequestBuilder, *args, **kwargs):
-    return builder.build(**generate_args(*args, **kwargs))
+def build(builder: RequestBuilder, prompt=None, sampling_params=None, **kwargs):
+    """SGLang's generate() arguments (prompt and sampling_params by position) → requests."""
+    inp = GenerateInput(prompt=prompt, sampling_params=sampling_params, **kwargs)
+    return builder.build(inp), inp.batched
 
 
 @pytest.mark.parametrize(
     "kwargs, field",
     [
         ({}, "prompt"),
-        ({"prompt": "a", "input_ids": [1]}, "input_ids"),
+        ({"prompt": "a", "input_ids": [1]}, "prompt"),  # as /generate names "text"
         ({"prompt": ["a", ""]}, "prompt"),
         ({"input_ids": [[1], []]}, "input_ids"),
         ({"input_ids": [True]}, "input_ids"),

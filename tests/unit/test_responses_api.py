@@ -63,8 +63,8 @@ class ScriptedEngine:
     def max_new_tokens_room(self, prompt_len: int) -> int:
         return self.context_length - prompt_len
 
-    def submit(self, sink, input_ids=None, sampling_params=None, rid=None, **_) -> Submission:
-        ids, params, rid = input_ids[0], sampling_params, rid[0]
+    def submit(self, inp, sink) -> Submission:
+        ids, params, rid = inp.input_ids[0], inp.sampling_params, inp.rid[0]
         if len(ids) + params["max_new_tokens"] > self.context_length:
             raise InvalidRequest(
                 "max_new_tokens", "the prompt and max_new_tokens exceed the context"

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from sgl_lite.backend.engine import Engine
+from sgl_lite.backend.engine import Engine, GenerateInput
 from sgl_lite.backend.errors import InvalidRequest
 from tests.support.fakes import ByteTokenizer, FakeRunner
 
@@ -264,7 +264,7 @@ def test_a_failing_step_aborts_the_batch_with_an_engine_error_and_the_engine_goe
     import queue
 
     outputs: queue.SimpleQueue[ReqOutput] = queue.SimpleQueue()
-    engine.submit(outputs.put, prompt="abc", sampling_params={"max_new_tokens": 50})
+    engine.submit(GenerateInput(prompt="abc", sampling_params={"max_new_tokens": 50}), outputs.put)
     while not (out := outputs.get()).finished:
         got.append(out)
     assert out.finish_reason.type == "abort" and isinstance(out.finish_reason.error, EngineError)
@@ -280,7 +280,9 @@ def test_shutdown_answers_every_pending_request_with_an_abort():
 
     engine, _ = make()
     outputs: queue.SimpleQueue = queue.SimpleQueue()
-    engine.submit(outputs.put, prompt="long", sampling_params={"max_new_tokens": 2000})
+    engine.submit(
+        GenerateInput(prompt="long", sampling_params={"max_new_tokens": 2000}), outputs.put
+    )
     engine.shutdown()
     while not (out := outputs.get(timeout=10)).finished:
         pass

@@ -26,9 +26,12 @@ import torch
 
 from sgl_lite.backend import omp_policy
 from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.constrained import BudgetError
 from sgl_lite.backend.engine.admission import Admission
+from sgl_lite.backend.engine.inbox import Abort, Add, Call, Message, Stop
 from sgl_lite.backend.engine.info import engine_info
-from sgl_lite.backend.engine.intake import RequestBuilder, generate_args
+from sgl_lite.backend.engine.inputs import GenerateInput
+from sgl_lite.backend.engine.intake import RequestBuilder
 from sgl_lite.backend.engine.loop_thread import LoopThread
 from sgl_lite.backend.engine.results import AsyncChannel, ResultCollector, Submission
 from sgl_lite.backend.engine.setup import (
@@ -78,16 +81,14 @@ class Engine:
         if config.num_threads is not None:  # process-wide: only when asked (see EngineConfig)
             torch.set_num_threads(config.num_threads)
         self.forward_passes = 0
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._sinks: dict[str, OutputSink] = {}
         self._reqs: dict[str, Req] = {}
         self._stopped = False
         # The loop thread loads the model itself: all of the engine's tensor work then runs on
         # one thread and so in one OpenMP team (see omp_threads). A load failure comes back here.
         self._worker = LoopThread(self._loop, "sgl_lite-engine")
-        ready: Future[None] = Future()
-        self._post("setup", (runner, tokenizer, ready))
-        ready.result()
+        self._call(lambda: self._setup(runner, tokenizer))
         logger.info(
             "sgl_lite engine: model=%s device=%s dtype=%s threads=%d kv_pool=%d tokens (%.1f MB%s) "
             "max_running_requests=%d; %s",
@@ -112,23 +113,23 @@ class Engine:
         """The most new tokens a prompt of `prompt_len` tokens may ask for (context and pool)."""
         return self.builder.max_new_tokens_room(prompt_len)
 
-    def submit(self, sink: OutputSink, **request: Any) -> Submission:
-        """Validates and queues a generate call (`generate`'s arguments but `stream`'s meaning:
-        with stream=True every step's output goes to `sink`, else only the last one).
+    def submit(self, inp: GenerateInput, sink: OutputSink) -> Submission:
+        """Validates and queues a generate call (with `inp.stream`, every step's output goes to
+        `sink`, else only the last one).
 
         `sink` is called on the loop thread with each `ReqOutput` and must not block. Raises
         `InvalidRequest` naming the field for bad input, `QueueFull` past max_queued_requests;
-        nothing is queued then. `timeout` (seconds) aborts the requests still unfinished then.
+        nothing is queued then. `inp.timeout` (seconds) aborts the requests still unfinished
+        then.
         """
         if self._stopped:
             raise EngineError("the engine has been shut down")
-        timeout = request.pop("timeout", None)
-        groups, batched = self.builder.build(**generate_args(**request))
+        groups = self.builder.build(inp)
         reqs = [r for group in groups for r in group]
-        self.admission.admit([r.rid for r in reqs], timeout)
-        self._post("add", (reqs, sink))
+        self.admission.admit([r.rid for r in reqs], inp.timeout)
+        self._post(Add(reqs, sink))
         return Submission(
-            tuple(r.rid for r in reqs), tuple(tuple(r.rid for r in g) for g in groups), batched
+            tuple(r.rid for r in reqs), tuple(tuple(r.rid for r in g) for g in groups), inp.batched
         )
 
     def generate(
@@ -153,11 +154,9 @@ class Engine:
         `CustomLogitProcessor.to_str()` string (or one per prompt), which reads
         `sampling_params["custom_params"]`; the engine needs enable_custom_logit_processor=True.
         `token_ids_logprob` (with return_logprob): per output token, those ids' logprobs in
-        meta_info's `output_token_ids_logprobs`.
+        meta_info's `output_token_ids_logprobs`. The arguments become one `GenerateInput`.
         """
-        outputs: queue.SimpleQueue[ReqOutput] = queue.SimpleQueue()
-        sub = self.submit(
-            outputs.put,
+        inp = GenerateInput(
             prompt=prompt,
             sampling_params=sampling_params,
             input_ids=input_ids,
@@ -171,26 +170,53 @@ class Engine:
             custom_logit_processor=custom_logit_processor,
             token_ids_logprob=token_ids_logprob,
         )
-        collector = ResultCollector(sub, self.abort)
+        outputs: queue.SimpleQueue[ReqOutput] = queue.SimpleQueue()
+        collector = ResultCollector(self.submit(inp, outputs.put), self.abort)
         if stream:
             return collector.iterate(outputs.get)
         return collector.wait(outputs.get)
 
-    async def async_generate(self, *args: Any, **kwargs: Any) -> Any:
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+        timeout: float | None = None,
+        custom_logit_processor: str | list[str | None] | None = None,
+        token_ids_logprob: list[int] | None = None,
+    ) -> Any:
         """`generate` for asyncio code (no thread waits); with stream=True an async iterator."""
-        timeout = kwargs.pop("timeout", None)
-        request = generate_args(*args, **kwargs)
+        inp = GenerateInput(
+            prompt=prompt,
+            sampling_params=sampling_params,
+            input_ids=input_ids,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+            stream=stream,
+            rid=rid,
+            timeout=timeout,
+            custom_logit_processor=custom_logit_processor,
+            token_ids_logprob=token_ids_logprob,
+        )
         channel = AsyncChannel()
         # Tokenizing and validating run off the event loop; waiting for outputs costs nothing.
-        sub = await asyncio.to_thread(self.submit, channel.put, **request, timeout=timeout)
+        sub = await asyncio.to_thread(self.submit, inp, channel.put)
         collector = ResultCollector(sub, self.abort)
-        if request["stream"]:
+        if stream:
             return collector.aiterate(channel)
         return await collector.await_all(channel)
 
     def abort(self, rid: str) -> None:
         """Aborts a request by id; its slots are freed and its caller gets finish_reason abort."""
-        self._post("abort", rid)
+        self._post(Abort(rid))
 
     def abort_all(self, message: str) -> int:
         """Aborts every queued and running request with `message`; returns how many."""
@@ -219,7 +245,7 @@ class Engine:
     def shutdown(self) -> None:
         """Stops the engine; pending requests are aborted."""
         if not self._stopped:
-            self._post("stop", None)
+            self._post(Stop())
             self._worker.join(timeout=30)
 
     def __enter__(self) -> Engine:
@@ -229,21 +255,27 @@ class Engine:
         self.shutdown()
 
     def _call(self, fn: Callable[[], Any]) -> Any:
-        reply: queue.SimpleQueue = queue.SimpleQueue()
-        self._post("call", (fn, reply))
-        ok, value = reply.get()
-        if not ok:
-            raise value
-        return value
+        """`fn()` run on the loop thread; raises what it raised."""
+        result: Future[Any] = Future()
+        self._post(Call(fn, result))
+        return result.result()
 
-    def _post(self, kind: str, payload: Any) -> None:
+    def _post(self, message: Message) -> None:
         """Queues a message for the loop, starting its thread if the engine was idle."""
-        self._inbox.put((kind, payload))
+        self._inbox.put(message)
         self._worker.wake()
 
     # --- loop thread ------------------------------------------------------------------------
     def _setup(self, runner: Runner | None, tokenizer: Any) -> None:
-        """Loads the model (unless given) and builds the parts that run it; on the loop thread."""
+        """Loads the model (unless given) and builds the parts that run it; on the loop thread.
+        A failure stops the engine (every later request would find no model) and is raised."""
+        try:
+            self._load(runner, tokenizer)
+        except BaseException:
+            self._stopped = True
+            raise
+
+    def _load(self, runner: Runner | None, tokenizer: Any) -> None:
         config = self.config
         self.model_folder, runner, tokenizer = load_model(config, runner, tokenizer)
         self.tokenizer = tokenizer
@@ -315,45 +347,43 @@ class Engine:
         except queue.Empty:
             return False
         while True:
-            self._handle(*item)
+            self._handle(item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return True
 
-    def _handle(self, kind: str, payload: Any) -> None:
-        if kind == "setup":
-            runner, tokenizer, ready = payload
-            try:
-                self._setup(runner, tokenizer)
-            except BaseException as exc:
+    def _handle(self, message: Message) -> None:
+        """Acts on one inbox message; the one place the loop reads them."""
+        match message:
+            case Add(reqs, sink):
+                for req in reqs:
+                    self._reqs[req.rid] = req
+                    self._sinks[req.rid] = sink
+                    self.scheduler.add(req)
+            case Abort(rid):
+                if (running := self._reqs.get(rid)) is not None:
+                    self._abort(running, FinishReason.abort("aborted by request"))
+            case Call(fn, result):
+                try:
+                    value = fn()
+                except BaseException as exc:  # the caller raises it (a failed setup included)
+                    result.set_exception(exc)
+                else:
+                    result.set_result(value)
+            case Stop():
                 self._stopped = True
-                ready.set_exception(exc)
-            else:
-                ready.set_result(None)
-        elif kind == "add":
-            reqs, sink = payload
-            for req in reqs:
-                self._reqs[req.rid] = req
-                self._sinks[req.rid] = sink
-                self.scheduler.add(req)
-        elif kind == "abort":
-            req = self._reqs.get(payload)
-            if req is not None:
-                self._abort(req, FinishReason.abort("aborted by request"))
-        elif kind == "call":
-            fn, reply = payload
-            try:
-                reply.put((True, fn()))
-            except Exception as exc:
-                reply.put((False, exc))
-        elif kind == "stop":
-            self._stopped = True
 
     def _poll_grammars(self) -> None:
         for req, exc in self.scheduler.attach_grammars():
+            # NOTE: a budget below the constraint's shortest output is known only once it has
+            # compiled, and is max_new_tokens' fault; anything else is the constraint's own.
             kind = (req.sampling_params.constraint or ("regex", ""))[0]
-            self._abort(req, FinishReason.abort(str(exc), InvalidRequest(kind, str(exc))))
+            error = InvalidRequest(
+                "max_new_tokens" if isinstance(exc, BudgetError) else kind, str(exc)
+            )
+            error.__cause__ = exc  # what the grammar raised (the server's metrics read it)
+            self._abort(req, FinishReason.abort(str(exc), error))
 
     def step(self) -> list[Req] | None:
         """One scheduling step: schedule → forward → sample → process, then publish.

@@ -48,26 +48,28 @@ class EngineBackend(Backend):
         self.chat_template = chat_template or from_tokenizer(self.tokenizer)
 
     # --- generation ---------------------------------------------------------------------------
-    def _kwargs(self, request: GenRequest) -> dict[str, Any]:
-        kwargs = {
-            "sampling_params": dict(request.sampling_params),
-            "return_logprob": request.return_logprob,
-            "logprob_start_len": request.logprob_start_len,
-            "top_logprobs_num": request.top_logprobs_num,
-            "return_text_in_logprobs": request.return_text_in_logprobs,
-        }
-        if request.timeout is not None:  # the engine aborts the request then, slots freed
-            kwargs["timeout"] = request.timeout
-        return kwargs
+    def _generate(self, prompt: Prompt, request: GenRequest, *, stream: bool) -> Any:
+        """`Engine.generate` for the whole program text so far (a dict, or with `stream` an
+        iterator of them)."""
+        return self.engine.generate(
+            prompt=prompt.text,
+            sampling_params=dict(request.sampling_params),
+            return_logprob=request.return_logprob,
+            logprob_start_len=request.logprob_start_len,
+            top_logprobs_num=request.top_logprobs_num,
+            return_text_in_logprobs=request.return_text_in_logprobs,
+            stream=stream,
+            timeout=request.timeout,  # the engine aborts the request then, slots freed
+        )
 
     def generate(self, prompt: Prompt, request: GenRequest) -> GenResult:
-        out = self.engine.generate(prompt=prompt.text, **self._kwargs(request))
+        out = self._generate(prompt, request, stream=False)
         _raise_on_abort(out, request)
         return GenResult(out["text"], out["meta_info"])
 
     def generate_stream(self, prompt: Prompt, request: GenRequest) -> Iterator[GenResult]:
         last = None
-        for chunk in self.engine.generate(prompt=prompt.text, stream=True, **self._kwargs(request)):
+        for chunk in self._generate(prompt, request, stream=True):
             last = chunk
             yield GenResult(chunk["text"], chunk.get("meta_info", {}))
         if last is not None:

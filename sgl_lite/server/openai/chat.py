@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
 
+from sgl_lite.backend.engine.inputs import GenerateInput
 from sgl_lite.server import compat
 from sgl_lite.server.bridge import EngineBridge
 from sgl_lite.server.openai.completions import (
@@ -93,18 +94,19 @@ def add_chat_routes(
         if raw:
             params["skip_special_tokens"] = False
         shed = ending if raw else ()
-        sub = await bridge.submit(
-            input_ids=ids,
-            sampling_params=params,
-            rid=req.rid,
-            aliases={**_ALIASES, "input_ids": "messages", **output_format.aliases},
-            return_logprob=req.logprobs,
-            top_logprobs_num=req.top_logprobs or 0,
-            return_text_in_logprobs=True,
-            overload_status=429,
-            timeout=req.timeout,
-            custom_logit_processor=req.custom_logit_processor,
-        )
+        with bridge.refusals({**_ALIASES, "input_ids": "messages", **output_format.aliases}):
+            inp = GenerateInput(
+                input_ids=ids,
+                sampling_params=params,
+                rid=req.rid,
+                return_logprob=req.logprobs,
+                top_logprobs_num=req.top_logprobs or 0,
+                return_text_in_logprobs=True,
+                stream=req.stream,
+                timeout=req.timeout,
+                custom_logit_processor=req.custom_logit_processor,
+            )
+            sub = await bridge.submit(inp, overload_status=429)
         reply = _Reply("chatcmpl", "chat.completion", served_model_name, req.n)
         include_usage = req.stream_options and req.stream_options.include_usage
         if req.stream:

@@ -17,10 +17,18 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from sgl_lite.backend.engine.inputs import GenerateInput
 from sgl_lite.server.bridge import EngineBridge, Submission, sse
 from sgl_lite.server.compat import completion_body
 from sgl_lite.server.openai.guided import body_constraint
-from sgl_lite.server.protocol import ApiError, CompletionRequest, JsonResponse, parse, read_json
+from sgl_lite.server.protocol import (
+    COMPLETIONS_MAX_TOKENS,
+    ApiError,
+    CompletionRequest,
+    JsonResponse,
+    parse,
+    read_json,
+)
 
 # Engine field names as OpenAI clients spell them, for the `param` of an error.
 _ALIASES = {
@@ -77,24 +85,24 @@ def add_openai_routes(
         prompt = req.prompt
         is_ids = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], str)
         constraint = body_constraint(req)
-        params = {
-            **req.sampling_params(16 if req.max_tokens is None else req.max_tokens),
-            **constraint.params,
-        }
+        max_tokens = COMPLETIONS_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+        params = {**req.sampling_params(max_tokens), **constraint.params}
         want_logprobs = req.logprobs is not None
-        sub = await bridge.submit(
-            **({"input_ids": prompt} if is_ids else {"text": prompt}),
-            sampling_params=params,
-            rid=req.rid,
-            aliases={**_ALIASES, **constraint.aliases},
-            return_logprob=want_logprobs,
-            logprob_start_len=0 if want_logprobs and req.echo else -1,
-            top_logprobs_num=req.logprobs or 0,
-            return_text_in_logprobs=True,
-            overload_status=429,
-            timeout=req.timeout,
-            custom_logit_processor=req.custom_logit_processor,
-        )
+        with bridge.refusals({**_ALIASES, **constraint.aliases}):
+            inp = GenerateInput(
+                prompt=None if is_ids else prompt,
+                input_ids=prompt if is_ids else None,
+                sampling_params=params,
+                rid=req.rid,
+                return_logprob=want_logprobs,
+                logprob_start_len=0 if want_logprobs and req.echo else -1,
+                top_logprobs_num=req.logprobs or 0,
+                return_text_in_logprobs=True,
+                stream=req.stream,
+                timeout=req.timeout,
+                custom_logit_processor=req.custom_logit_processor,
+            )
+            sub = await bridge.submit(inp, overload_status=429)
         reply = _Reply("cmpl", "text_completion", served_model_name, req.n)
         echo = (
             [_prompt_text(engine, prompt, i // req.n) for i in range(len(sub.rids))]

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, StrictBool, StrictInt, StrictStr
 
+from sgl_lite.backend.engine.inputs import GenerateInput
 from sgl_lite.server.bridge import EngineBridge
 from sgl_lite.server.compat import refuse_unknown
 from sgl_lite.server.openai.completions import model_checker
@@ -116,15 +117,15 @@ def add_rerank_routes(
             engine.tokenizer.encode(text, add_special_tokens=False)
             for text in rerank_prompts(engine.tokenizer, req)
         ]
-        sub = await bridge.submit(
-            input_ids=prompts,
-            # one greedy token: its position's logprobs are the scores
-            sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-            aliases=_ALIASES,
-            return_logprob=True,
-            token_ids_logprob=[*yes, *no],
-            overload_status=429,
-        )
+        with bridge.refusals(_ALIASES):
+            inp = GenerateInput(
+                input_ids=prompts,
+                # one greedy token: its position's logprobs are the scores
+                sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                return_logprob=True,
+                token_ids_logprob=[*yes, *no],
+            )
+            sub = await bridge.submit(inp, overload_status=429)
         results = await bridge.collect(sub, request)
         ranked = []
         for i, r in enumerate(results):

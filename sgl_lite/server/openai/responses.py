@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import TypeAdapter
 
+from sgl_lite.backend.engine.inputs import GenerateInput
 from sgl_lite.server.bridge import EngineBridge
 from sgl_lite.server.openai.chat import ANY_OBJECT_SCHEMA, ToolSetup, tool_setup
 from sgl_lite.server.openai.completions import model_checker
@@ -164,13 +165,9 @@ def add_responses_routes(
         if raw:
             params["skip_special_tokens"] = False
         draft = ResponseDraft(req, served_model_name, plan, setup.ending if raw else ())
-        sub = await bridge.submit(
-            input_ids=ids,
-            sampling_params=params,
-            rid=draft.id,
-            aliases=_ALIASES,
-            overload_status=429,
-        )
+        with bridge.refusals(_ALIASES):
+            inp = GenerateInput(input_ids=ids, sampling_params=params, rid=draft.id)
+            sub = await bridge.submit(inp, overload_status=429)
         conversation = (*prior, *turn)
 
         def keep(body: dict[str, Any]) -> None:

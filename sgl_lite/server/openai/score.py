@@ -21,6 +21,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, StrictBool, StrictInt, StrictStr
 
+from sgl_lite.backend.engine.inputs import GenerateInput
 from sgl_lite.server.bridge import EngineBridge
 from sgl_lite.server.openai.completions import model_checker
 from sgl_lite.server.protocol import ApiError, JsonResponse, _Wire, parse, read_json
@@ -66,16 +67,18 @@ def add_score_routes(
             req = parse(ScoreRequest, await read_json(request, max_body_bytes))
             check_model(req.model)
             prompts = score_prompts(req)
-            sub = await bridge.submit(
-                **({"text": prompts} if isinstance(prompts[0], str) else {"input_ids": prompts}),
-                # one greedy token: its position's logprobs are the scores; nothing is sampled
-                # from a distribution, so no seed or temperature matters
-                sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                aliases=_ALIASES,
-                return_logprob=True,
-                token_ids_logprob=list(req.label_token_ids),
-                overload_status=429,
-            )
+            is_text = isinstance(prompts[0], str)
+            with bridge.refusals(_ALIASES):
+                inp = GenerateInput(
+                    prompt=prompts if is_text else None,  # type: ignore[arg-type]
+                    input_ids=None if is_text else prompts,  # type: ignore[arg-type]
+                    # one greedy token: its position's logprobs are the scores; nothing is
+                    # sampled from a distribution, so no seed or temperature matters
+                    sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                    return_logprob=True,
+                    token_ids_logprob=list(req.label_token_ids),
+                )
+                sub = await bridge.submit(inp, overload_status=429)
             results = await bridge.collect(sub, request)
             scores = [label_scores(r["meta_info"], req.apply_softmax) for r in results]
         except ApiError as exc:
