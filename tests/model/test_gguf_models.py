@@ -382,3 +382,35 @@ def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
             continue
         assert ours.shape == theirs.shape and torch.isfinite(ours).all()
         assert (ours - theirs).abs().max() <= 0.05 * theirs.abs().max()
+
+
+@pytest.mark.parametrize("dense_linears", ["1", "0"])
+def test_a_decode_step_giving_nan_at_load_is_never_used(
+    tmp_path, tokenizer, monkeypatch, dense_linears
+):
+    """The onnxruntime step is probed at load: non-finite logits drop it for the torch step
+    where dense linears exist, and refuse the load where the codes are the only copy."""
+    from sgl_lite.backend.runner import ort_step
+    from sgl_lite.backend.runner.weights import choose
+    from sgl_lite.backend.types import ForwardOutput
+
+    def nan_logits(self, segments, pool, view):
+        return ForwardOutput(torch.full((1, self.vocab), float("nan")), [(0, 1)])
+
+    monkeypatch.setattr(ort_step.OrtDecodeStep, "_run", nan_logits)
+    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, dense_linears)
+    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+    gguf_file = tmp_path / "tiny-q4.gguf"
+    write_gguf(gguf_file, model, tokenizer, quantize_linears="Q4_0")
+    folder = resolve_model_path(gguf_file)
+    config = EngineConfig(max_total_tokens=256, device="cpu", num_threads=NUM_THREADS)
+    if dense_linears == "0":
+        with pytest.raises(ModelLoadError, match="non-finite logits"):
+            ModelRunner(folder, config)
+        return
+    runner = ModelRunner(folder, config)
+    assert runner.decode_step is None and runner.pool.num_free == 256
+    ids = tokenizer.encode(PROMPTS[0])
+    slots = runner.pool.alloc(len(ids))
+    seg = Segment(token_ids=ids, start=0, kv_slots=slots, logits_from=len(ids) - 1)
+    assert torch.isfinite(runner.forward([seg]).logits).all()

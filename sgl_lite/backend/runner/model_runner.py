@@ -34,6 +34,7 @@ from sgl_lite.backend.runner.models.llama import (
 )
 from sgl_lite.backend.runner.ort_step import OrtDecodeStep
 from sgl_lite.backend.runner.weights.choose import (
+    DENSE_LINEARS_ENV,
     codes_only_linears,
     prepare_weights,
     read_file_codes,
@@ -93,6 +94,8 @@ class ModelRunner:
         self.decode_kv = DecodeKV(self.pool, copies) if self.graphs is None else None
         # Every pass on the graph: copies of their own for each group of rows (`_graph_passes`).
         self.kv_lanes: list[DecodeKV] = []
+        if self.decode_step is not None:
+            pack_note += self._probe_decode_step()
         _return_freed_memory()
         logger.info(
             "sgl_lite weights: %s%s; load %.1fs",
@@ -163,6 +166,36 @@ class ModelRunner:
         else:
             logits = None
         return ForwardOutput(logits, ranges)
+
+    def _probe_decode_step(self) -> str:
+        """Runs the onnxruntime step once on a short prompt and checks its logits are finite:
+        a kernel that overflows or misreads this file's codes on this machine would otherwise
+        decode from NaN. A failure drops the step (decodes run on torch), or, where the model
+        has no dense linears to run instead, is a ModelLoadError. Returns the start-up note."""
+        step = self.decode_step
+        assert step is not None
+        ids = [i % self.vocab_size for i in range(1, 5)]
+        slots = self.pool.alloc(len(ids))
+        assert slots is not None  # a fresh pool
+        segment = Segment(token_ids=ids, start=0, kv_slots=slots, logits_from=0)
+        try:
+            logits = self._forward_pass([segment]).logits
+        finally:
+            self.pool.free(slots)
+            for copies in [self.decode_kv, *self.kv_lanes]:
+                if copies is not None:
+                    copies.reset()
+        if logits is not None and bool(torch.isfinite(logits).all()):
+            return ""
+        why = "the onnxruntime step gave non-finite logits on a probe prompt"
+        if step.every_pass:
+            raise ModelLoadError(f"{why}; set {DENSE_LINEARS_ENV}=1 to run the dense weights")
+        logger.warning("sgl_lite weights: %s; decode steps on torch", why)
+        self.decode_step = None
+        self.decode_kv = (
+            DecodeKV(self.pool, self.format.attn_dtype) if self.graphs is None else None
+        )
+        return f"; {why}: decode steps on torch"
 
     def _graph_passes(self, step: OrtDecodeStep, segments: list[Segment]) -> ForwardOutput:
         """A pass of a model with no dense linears, all on the onnxruntime graph: each request
