@@ -414,3 +414,26 @@ def test_a_decode_step_giving_nan_at_load_is_never_used(
     slots = runner.pool.alloc(len(ids))
     seg = Segment(token_ids=ids, start=0, kv_slots=slots, logits_from=len(ids) - 1)
     assert torch.isfinite(runner.forward([seg]).logits).all()
+
+
+def test_without_dense_linears_a_greedy_request_sent_again_repeats(
+    tmp_path, tokenizer, monkeypatch
+):
+    """Every pass on the graph: the second run of each prompt hits the radix cache (its
+    prompt is computed in other passes than the first time) and gives the same tokens, alone
+    and with the others in flight."""
+    from sgl_lite.backend.runner.weights import choose
+
+    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "0")
+    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+    gguf_file = tmp_path / "tiny-q4.gguf"
+    write_gguf(gguf_file, model, tokenizer, quantize_linears="Q4_0")
+    ids = [tokenizer.encode(p) for p in PROMPTS]
+    with Engine(model_path=str(gguf_file), num_threads=NUM_THREADS, max_total_tokens=512) as engine:
+        assert "no dense copy" in engine.runner.format.reason
+        first = [o["output_ids"] for o in engine.generate(input_ids=ids, sampling_params=GREEDY)]
+        again = [
+            engine.generate(input_ids=one, sampling_params=GREEDY)["output_ids"] for one in ids
+        ]
+        batched = [o["output_ids"] for o in engine.generate(input_ids=ids, sampling_params=GREEDY)]
+    assert first == again == batched
