@@ -61,9 +61,10 @@ HOW = """\
   per choice); HF-manual-cache keeps and extends `past_key_values` per conversation and
   prefills the W2 few-shot prefix once, copying it per question (`bench/hf_baselines.py`).
   llama-cpp-python runs the same GGUF file (`make bench-peers` builds it); vLLM's CPU build
-  runs the same weights as the float32 folder sgl_lite converts the GGUF to, in a venv of its
-  own (`.venv-vllm`, `make bench-vllm`) and a process of its own (`bench/vllm_peer.py`). Its
-  W2 scores every choice from the prompt logprobs of the choice's whole prompt, all in one
+  runs the same weights, dequantized from the GGUF into a float32 folder
+  (`bench.hf_baselines.dense_checkpoint`), in a venv of its own (`.venv-vllm`,
+  `make bench-vllm`) and a process of its own (`bench/vllm_peer.py`). Its W2 scores every
+  choice from the prompt logprobs of the choice's whole prompt, all in one
   `LLM.generate`, once as vLLM does by default (no prefix-cache reads for a request asking for
   prompt logprobs) and once with cache reads on; the faster is its figure, the note says both.
 - Correctness is checked on the way: W1 answers against HF-alone's turn by turn on identical

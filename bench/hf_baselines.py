@@ -31,6 +31,36 @@ from bench.workloads import Workloads
 from sgl_lite.common import common_prefix_len
 
 
+def dense_checkpoint(folder: Path) -> Path:
+    """A Hugging Face folder with float32 safetensors of `folder`'s weights, for a peer that
+    reads only such folders (vLLM): `folder` itself where it has them; for a GGUF model's
+    folder (config and tokenizer only) a copy made once beside it, its weights dequantized by
+    our reader (bit for bit transformers' own dequantisation, tests/model/test_weight_formats)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from sgl_lite.backend.runner.model_loader import (
+        GGUF_SOURCE_FILE,
+        gguf_source,
+        load_config,
+        load_state_dict,
+    )
+
+    if gguf_source(folder) is None:
+        return folder
+    target = folder.parent / f"{folder.name}-float32"
+    if (target / "config.json").exists():
+        return target
+    tmp = folder.parent / f".{target.name}-writing"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns(GGUF_SOURCE_FILE))
+    state = load_state_dict(folder, load_config(folder))
+    save_file({name: t.contiguous() for name, t in state.items()}, tmp / "model.safetensors")
+    tmp.rename(target)
+    return target
+
+
 def load_hf_model(folder: Any, dtype: torch.dtype = torch.float32) -> Any:
     """transformers' own implementation of a model folder's weights, for reference outputs: a
     GGUF model's folder (config and tokenizer only) through transformers' GGUF loader, which

@@ -351,7 +351,7 @@ def measure_startup(num_threads: int) -> dict[str, Any]:
 
 def build_systems(args: argparse.Namespace, workloads: list[str]) -> dict[str, Any]:
     """Every system, or the reason it is missing (a string)."""
-    from bench.hf_baselines import HFAlone, HFManualCache, load_hf_model
+    from bench.hf_baselines import HFAlone, HFManualCache, dense_checkpoint, load_hf_model
     from bench.sgl_engine import SglLite
 
     sgl = SglLite(args.num_threads)
@@ -375,7 +375,7 @@ def build_systems(args: argparse.Namespace, workloads: list[str]) -> dict[str, A
             systems[name] = str(exc)
         except Exception as exc:
             systems[name] = f"{type(exc).__name__}: {exc}"
-    systems["vllm"] = vllm_peer(args, sgl.tokenizer, sgl.engine.model_folder)
+    systems["vllm"] = vllm_peer(args, sgl.tokenizer, dense_checkpoint(sgl.engine.model_folder))
     if "W4" in workloads:
         from bench.sgl_engine import SglLiteMode
 
