@@ -42,6 +42,7 @@ from sgl_lite.backend.constrained.schema.schema_merge import (
     resolve_ref,
     unsupported,
 )
+from sgl_lite.backend.constrained.schema.string_pattern import json_pattern
 
 MAX_REF_DEPTH = 3  # how many times one $ref may recurse into itself on a path
 MAX_REGEX_CHARS = 100_000  # larger regexes take minutes to index: refused instead
@@ -282,7 +283,7 @@ class SchemaRegex:
         if pattern is not None:
             body = pattern_body(pattern)
             check_regex(body, what="json_schema pattern")
-            return f'"({body})"'
+            return f'"({json_pattern(body, path)})"'
         lo, hi = schema.get("minLength", 0), schema.get("maxLength")
         if hi is not None and lo > hi:
             return None
