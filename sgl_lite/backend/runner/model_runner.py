@@ -8,8 +8,6 @@ nothing about requests, sampling or the radix tree.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import time
 from pathlib import Path
@@ -33,6 +31,7 @@ from sgl_lite.backend.runner.models.llama import (
     head_dim_of,
 )
 from sgl_lite.backend.runner.ort_step import OrtDecodeStep
+from sgl_lite.backend.runner.weights import ort_nbits
 from sgl_lite.backend.runner.weights.choose import (
     DENSE_LINEARS_ENV,
     codes_only_linears,
@@ -96,7 +95,7 @@ class ModelRunner:
         self.kv_lanes: list[DecodeKV] = []
         if self.decode_step is not None:
             pack_note += self._probe_decode_step()
-        _return_freed_memory()
+        ort_nbits.return_freed_memory()  # the load's codes, copies and protobufs
         logger.info(
             "sgl_lite weights: %s%s; load %.1fs",
             self.format.describe(),
@@ -386,15 +385,6 @@ def context_length_of(hf_config: PretrainedConfig, requested: int | None) -> int
     if getattr(hf_config, "use_sliding_window", True) and window and not in_mask:
         model_max = min(model_max, window)
     return min(requested or model_max, model_max)
-
-
-def _return_freed_memory() -> None:
-    """Hands the heap pages freed during the load back to the OS: glibc keeps freed memory
-    for reuse, so the file's codes, their fused copies and the graph's protobuf, all dropped
-    once the model is built, would otherwise stay resident (measured: 4.4 GB resident for a 1B
-    model that needs 1.7). Elsewhere than glibc it does nothing."""
-    with contextlib.suppress(OSError, AttributeError):  # another C library: its own policy
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _placed(model: ModelT, device: torch.device, dtype: torch.dtype) -> ModelT:
