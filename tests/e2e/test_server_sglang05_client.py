@@ -2,7 +2,7 @@
 against our server with no protocol error.
 
 SGLang 0.5 and 0.4.10 are one package name, so 0.5 lives in a venv of its own that sees our
-venv's packages through a .pth file: `make setup` builds `.venv-sglang05` (see the Makefile);
+venv's packages through a .pth file: `make setup-dev` builds `.venv-sglang05` (see the Makefile);
 `SGL_LITE_SGLANG05_PYTHON` points at another interpreter. `SGL_LITE_SGLANG05_SLOW=1` adds the
 programs that take minutes on a CPU.
 """
@@ -28,7 +28,7 @@ SCRIPT = Path(__file__).with_name("sglang05_programs.py")
 def sglang05_python() -> str:
     python = os.environ.get("SGL_LITE_SGLANG05_PYTHON") or str(ROOT / ".venv-sglang05/bin/python")
     if not Path(python).exists():
-        pytest.fail(f"no SGLang 0.5 client at {python}: run `make setup` (or set "
+        pytest.fail(f"no SGLang 0.5 client at {python}: run `make setup-dev` (or set "
                     "SGL_LITE_SGLANG05_PYTHON)")  # fmt: skip
     return python
 

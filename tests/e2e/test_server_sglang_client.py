@@ -8,7 +8,7 @@ Install (two commands: --no-deps is for sglang only):
 from __future__ import annotations
 
 import pytest
-import sglang as sgl  # installed by `make setup` (see above)
+import sglang as sgl  # installed by `make setup-dev` (see above)
 
 from tests.support.server import flush, url_fixture, wait_idle
 
