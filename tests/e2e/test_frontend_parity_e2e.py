@@ -129,7 +129,9 @@ def _sglang05_test_programs() -> Path:
     venv = Path(python).parent.parent
     found = sorted(venv.glob("lib/python3*/site-packages/sglang/test/test_programs.py"))
     if not found:
-        pytest.fail(f"no SGLang 0.5 in {venv}: run `make setup-dev` (or set SGL_LITE_SGLANG05_PYTHON)")
+        pytest.fail(
+            f"no SGLang 0.5 in {venv}: run `make setup-dev` (or set SGL_LITE_SGLANG05_PYTHON)"
+        )
     return found[0]
 
 
