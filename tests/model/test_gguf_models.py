@@ -343,14 +343,19 @@ def _segments(pool, prompts: list[list[int]]) -> list[tuple[Segment, Segment]]:
     return pairs
 
 
-@pytest.mark.parametrize("quant", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize(("quant", "lanes_kept"), [("Q4_0", True), ("Q8_0", True), ("Q4_0", False)])
 def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
-    tmp_path, tokenizer, monkeypatch, quant
+    tmp_path, tokenizer, monkeypatch, quant, lanes_kept
 ):
     """With the file's codes as the only copy, prefill chunks (one request at a time), mixed
     passes and decode rows in several groups all run on the onnxruntime graph, and compute
-    the file's model: every logits row near the float32 dense reference's."""
+    the file's model: every logits row near the float32 dense reference's; also where the
+    copies' memory bound frees every lane after each run (each pass gathers afresh)."""
+    from sgl_lite.backend.kvcache.kv_pool import KVPool
     from sgl_lite.backend.runner.weights import choose
+
+    if not lanes_kept:  # a pool of one byte: the lanes' budget is exceeded by any copy
+        monkeypatch.setattr(KVPool, "nbytes", property(lambda self: 1))
 
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "0")
     model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
@@ -376,6 +381,7 @@ def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
         out = each.forward([p[1] for p in pairs])
         rows += [out.rows(i) for i in range(len(pairs))]
     assert len(got) == len(want) == 2 * len(prompts)
+    assert (sum(lane.nbytes for lane in runner.kv_lanes) > 0) == lanes_kept
     for ours, theirs in zip(got, want, strict=True):
         if theirs is None:  # a prefill that wanted no logits
             assert ours is None

@@ -71,6 +71,18 @@ class DecodeKV:
         """Forgets the copies' contents (the next decode step gathers afresh)."""
         self._rows = None
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the copies hold now."""
+        return 2 * self._k_all.numel() * self._k_all.element_size()
+
+    def release(self) -> None:
+        """Frees the copies (the next pass allocates and gathers afresh)."""
+        self.reset()
+        self._k_all = self._v_all = torch.empty(0)
+        self._k, self._v = [], []
+        self._shape = (0, 0)
+
     def plan(self, segments: list[Segment], extend: bool = False) -> KVView | None:
         """The view for a pass of single-token decodes, or None (and a reset) for any other.
         With `extend` (the onnxruntime step's passes) one request may also bring several

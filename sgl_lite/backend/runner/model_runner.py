@@ -216,7 +216,21 @@ class ModelRunner:
             if out is None:  # the lanes are unbounded and the groups sized to the step
                 raise RuntimeError(f"the onnxruntime graph refused a pass of {len(split)} rows")
             passes.append((split, out))
+            self._bound_lanes()
         return merge_outputs(len(segments), passes)
+
+    def _bound_lanes(self) -> None:
+        """Frees the largest lanes' copies (they gather afresh when next used) while all of
+        them together take more than twice the pool: float32 copies of every running request's
+        whole K/V, padded to each group's longest, would otherwise grow past the memory the
+        pool was sized to (many long requests at once)."""
+        budget = 2 * self.pool.nbytes
+        total = sum(lane.nbytes for lane in self.kv_lanes)
+        for lane in sorted(self.kv_lanes, key=lambda lane: lane.nbytes, reverse=True):
+            if total <= budget:
+                break
+            total -= lane.nbytes
+            lane.release()
 
     def _use_int(self, tokens: int) -> bool:
         """Whether a pass over `tokens` rows runs the packed int kernels: every pass in the
