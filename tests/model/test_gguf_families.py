@@ -1,0 +1,228 @@
+"""GGUF files of every served family beyond Llama and Qwen (Phi-3, Gemma 2, Gemma 3): a tiny
+random model written as llama.cpp lays it out (its tensor names, Gemma's `1 + w` norms, Phi-3's
+fused q/k/v and gate/up, its metadata keys) loads with our reader to the original weights, and
+our runner's logits on it are the original model's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
+    LlamaConfig,
+    Phi3Config,
+)
+
+from sgl_lite.backend.config import EngineConfig
+from sgl_lite.backend.runner.model_loader import (
+    GGUF_ARCHITECTURES,
+    ModelLoadError,
+    load_config,
+    load_state_dict,
+    resolve_model_path,
+)
+from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
+from sgl_lite.backend.types import Segment
+from tests.support.gguf_files import write_gguf
+from tests.support.tiny import build_tiny_tokenizer
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+# Longer than the Gemma cases' sliding window (8), so the window is exercised.
+PROMPT = "The capital of France is Paris, a city in France. Q: Best pet?\nA: a dog and a cat"
+
+
+class Case:
+    """One family's file: its config, how llama.cpp names the architecture, the block format
+    of its linears (None: float32), and whether transformers' own GGUF loader reads back all
+    of the config (it reads no Phi-3 partial rotary factor and no Gemma 2 soft-capping)."""
+
+    def __init__(self, config_cls, arch, quant=None, transformers_reads_all=True, **overrides):
+        self.config_cls, self.arch, self.quant = config_cls, arch, quant
+        self.transformers_reads_all, self.overrides = transformers_reads_all, overrides
+
+
+CASES = {
+    "phi3-f32": Case(Phi3Config, "phi3", pad_token_id=0),
+    # fused qkv / gate_up in Q8_0: read dense (no codes for them), the rest as codes
+    "phi3-q8_0": Case(Phi3Config, "phi3", "Q8_0", pad_token_id=0, tie_word_embeddings=False),
+    # Phi-4-mini rotates 3/4 of each head: the file says it in rope.dimension_count
+    "phi3-partial-rotary": Case(
+        Phi3Config,
+        "phi3",
+        transformers_reads_all=False,
+        pad_token_id=0,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75,
+        },
+    ),
+    # Phi-3-mini-128k, Phi-4-mini: longrope factors, kept by llama.cpp as tensors
+    "phi3-longrope": Case(
+        Phi3Config,
+        "phi3",
+        transformers_reads_all=False,
+        pad_token_id=0,
+        original_max_position_embeddings=128,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "long_factor": [1.0 + i / 4 for i in range(8)],
+            "short_factor": [1.0 + i / 8 for i in range(8)],
+        },
+    ),
+    # Gemma's head size is its own (256); attention scales by it (query_pre_attn_scalar)
+    "gemma2-f32": Case(Gemma2Config, "gemma2", head_dim=256, sliding_window=8),
+    "gemma2-q8_0": Case(Gemma2Config, "gemma2", "Q8_0", head_dim=256, sliding_window=8),
+    "gemma2-softcaps": Case(
+        Gemma2Config,
+        "gemma2",
+        transformers_reads_all=False,
+        head_dim=256,
+        sliding_window=8,
+        attn_logit_softcapping=7.0,
+        final_logit_softcapping=3.0,
+    ),
+    # six layers: five sliding, then a global one with its own RoPE base; per-head q/k norms
+    "gemma3-f32": Case(
+        Gemma3TextConfig, "gemma3", head_dim=256, sliding_window=8, num_hidden_layers=6
+    ),
+    # Gemma 3 4B and up scale their global layers' RoPE linearly (llama.cpp writes the factor)
+    "gemma3-rope-scaling": Case(
+        Gemma3TextConfig,
+        "gemma3",
+        transformers_reads_all=False,
+        head_dim=256,
+        sliding_window=8,
+        num_hidden_layers=6,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    ),
+    "gemma3-q8_0": Case(Gemma3TextConfig, "gemma3", "Q8_0", head_dim=256, sliding_window=8),
+}
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Conversions go to the test's own folder, never the user's cache."""
+    monkeypatch.setenv("SGL_LITE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+def _model(case: Case, tokenizer, seed: int = 0):
+    """A tiny random model; its norms random too, in steps of 1/64 so that llama.cpp's `1 + w`
+    (Gemma) gives `w` back exactly in float32, and q/k scaled up so attention is far from
+    uniform (a wrong RoPE then moves the logits well past the tolerance)."""
+    torch.manual_seed(seed)
+    config = case.config_cls(**{**TINY, "vocab_size": len(tokenizer), **case.overrides})
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(torch.randint(-32, 33, param.shape) / 64)
+            elif name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
+                param.mul_(16)
+    return model
+
+
+def _logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def _prefill_logits(folder, ids: list[int]) -> torch.Tensor:
+    config = EngineConfig(max_total_tokens=256, device="cpu", quantization="none", dtype="float32")
+    runner = ModelRunner(folder, config)
+    slots = runner.pool.alloc(len(ids))
+    seg = Segment(token_ids=ids, start=0, kv_slots=slots, logits_from=0)
+    logits = runner.forward([seg]).logits
+    runner.pool.free(slots)
+    return logits
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_gguf_of_the_family_loads_the_original_weights_and_logits(tmp_path, tokenizer, name):
+    case = CASES[name]
+    model = _model(case, tokenizer)
+    gguf_file = tmp_path / f"tiny-{name}.gguf"
+    state = write_gguf(
+        gguf_file, model, tokenizer, architecture=case.arch, quantize_linears=case.quant
+    )
+    original = {k: v for k, v in model.state_dict().items() if k in state}
+    if case.quant is None:  # the file holds the original weights exactly
+        assert all(torch.equal(state[k], original[k].float()) for k in original)
+    model.load_state_dict(state, strict=False)  # the file's weights (Q8_0 rounded)
+    ids = tokenizer.encode(PROMPT)
+    want = _logits(model, ids)
+
+    # (a) the writer is right: transformers' own GGUF loader computes the original model
+    if case.transformers_reads_all:
+        theirs = AutoModelForCausalLM.from_pretrained(
+            tmp_path, gguf_file=gguf_file.name, dtype=torch.float32
+        ).eval()
+        assert (_logits(theirs, ids) - want).abs().max() <= 1e-4
+
+    # (b) our reader gives the file's weights by transformers name, tensor by tensor
+    folder = resolve_model_path(gguf_file)
+    config = load_config(folder)
+    assert config.model_type == model.config.model_type
+    weights = load_state_dict(folder, config)
+    assert set(weights) == set(state)
+    for key, tensor in state.items():
+        assert torch.equal(weights[key], tensor), key
+
+    # (c) our runner on the file computes the original model
+    assert (_prefill_logits(folder, ids) - want).abs().max() <= 1e-4
+
+
+def test_phi3s_fused_linears_have_no_codes_and_the_rest_do(tmp_path, tokenizer):
+    """The int kernels fuse q/k/v and gate/up from their parts; Phi-3's file holds them fused,
+    so they are read dense and only o/down (and a quantized head) come as codes: the fast mode
+    then runs the dense GEMM (no int-kernel format in the file)."""
+    case = CASES["phi3-q8_0"]
+    gguf_file = tmp_path / "phi3.gguf"
+    state = write_gguf(
+        gguf_file, _model(case, tokenizer), tokenizer, architecture="phi3", quantize_linears="Q8_0"
+    )
+    folder = resolve_model_path(gguf_file)
+    codes = read_quantized(gguf_file, load_config(folder))
+    layers = {k.split(".", 3)[3] for k in codes if k.startswith("model.layers.")}
+    assert layers == {"self_attn.o_proj.weight", "mlp.down_proj.weight"}
+    for key, weight in codes.items():
+        assert torch.equal(weight.dequantize(), state[key]), key
+    runner = ModelRunner(folder, EngineConfig(max_total_tokens=128, device="cpu"))
+    assert runner.format.int_kind is None, runner.format.describe()
+
+
+@pytest.mark.parametrize("arch", ["gemma", "phi2"])
+def test_a_gguf_of_a_family_we_do_not_read_is_refused_naming_the_supported_list(
+    tmp_path, tokenizer, private_cache, arch
+):
+    gguf_file = tmp_path / f"{arch}.gguf"
+    torch.manual_seed(0)
+    config = LlamaConfig(**{**TINY, "vocab_size": len(tokenizer)})
+    write_gguf(gguf_file, AutoModelForCausalLM.from_config(config), tokenizer, architecture=arch)
+    supported = ", ".join(GGUF_ARCHITECTURES)
+    with pytest.raises(ModelLoadError, match=f"architecture '{arch}'.*{supported}"):
+        resolve_model_path(gguf_file)
+    assert not (private_cache / "models").exists()  # refused before any conversion work
