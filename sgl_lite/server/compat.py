@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from sgl_lite.backend.engine import GenerateInput
 from sgl_lite.backend.sampling_params import SamplingParams
 from sgl_lite.server.protocol import ApiError
 
@@ -25,20 +26,13 @@ _MULTIMODAL = "this server runs a text-only model"
 _DISAGG = "this server is one in-process engine (no disaggregation, no data parallelism)"
 
 # --- SGLang 0.5 GenerateReqInput ----------------------------------------------------------------
+# GenerateInput's fields under SGLang's names where ours differ
+_GENERATE_WIRE_NAMES = {"prompt": "text"}
+# what the engine's generate call takes is what /generate passes on (protocol.GenerateRequest
+# reads each of them: tests/unit/test_server_compat.py); "timeout" is sgl_lite's deadline in
+# seconds, custom_logit_processor needs --enable-custom-logit-processor (the engine checks)
 GENERATE_IMPLEMENTED = frozenset(
-    {
-        "text",
-        "input_ids",
-        "sampling_params",
-        "return_logprob",
-        "logprob_start_len",
-        "top_logprobs_num",
-        "return_text_in_logprobs",
-        "stream",
-        "rid",
-        "timeout",  # sgl_lite's deadline in seconds
-        "custom_logit_processor",  # with --enable-custom-logit-processor (the engine checks)
-    }
+    _GENERATE_WIRE_NAMES.get(f.name, f.name) for f in fields(GenerateInput) if f.init
 )
 GENERATE_NOOPS = frozenset(
     {
@@ -90,7 +84,6 @@ GENERATE_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "decode_tp_size": ((None,), _DISAGG),
     "kv_hints": ((None,), "there is no hierarchical cache storage backend"),
     "watermark": ((None,), "watermarking is not implemented"),
-    "token_ids_logprob": ((None, []), "logprobs of chosen token ids are not implemented"),
     "return_sampling_mask": ((None, False), "sampling masks are not returned"),
     "sampling_logprobs_mode": ((None,), "sampling masks are not returned"),
     "return_flat_raw_top_logprobs": ((False, None), "top logprobs come as nested lists only"),
@@ -122,6 +115,9 @@ GENERATE_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 _PER_PROMPT = ("return_logprob", "logprob_start_len", "top_logprobs_num")
 
 # --- SGLang 0.5 SamplingParams ------------------------------------------------------------------
+# every SamplingParams field is implemented (the engine checks the values); the names below are
+# SGLang's that it lacks (tests/unit/test_server_compat.py keeps the groups apart)
+SAMPLING_IMPLEMENTED = frozenset(f.name for f in fields(SamplingParams) if f.init)
 SAMPLING_NOOPS = frozenset(
     {
         "stream_interval",  # chunk cadence only: every token is streamed
@@ -129,7 +125,6 @@ SAMPLING_NOOPS = frozenset(
 )
 SAMPLING_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "beam_width": ((None, 1), "beam search is not implemented"),
-    "ebnf": ((None,), "EBNF grammars are not supported; use regex or json_schema"),
     "structural_tag": ((None,), "structural tags are not supported; use regex or json_schema"),
     "watermark": ((None,), "watermarking is not implemented"),
 }
@@ -176,17 +171,14 @@ def sglang05_meta(result: dict[str, Any]) -> dict[str, Any]:
 def sampling_params(params: Any, where: str) -> Any:
     """SGLang sampling params with the no-ops removed; a 400 for a refused one.
 
-    Unknown names are left for the engine, whose error lists the names it knows; a refused
-    name the engine's SamplingParams has learnt is passed on.
+    Unknown names are left for the engine, whose error lists the names it knows.
     """
     if not isinstance(params, dict):
         return params
-    engine_knows = {f.name for f in fields(SamplingParams)}
-    refused = {k: v for k, v in SAMPLING_REFUSED.items() if k not in engine_knows}
-    for name, (defaults, why) in refused.items():
+    for name, (defaults, why) in SAMPLING_REFUSED.items():
         if name in params and not _is_default(params[name], defaults):
             raise ApiError(400, f"{where}.{name} is not supported: {why}", param=f"{where}.{name}")
-    out = {k: v for k, v in params.items() if k not in SAMPLING_NOOPS and k not in refused}
+    out = {k: v for k, v in params.items() if k not in SAMPLING_NOOPS and k not in SAMPLING_REFUSED}
     if out.get("stop_regex") in (None, [], ""):  # SGLang's clients always send the key
         out.pop("stop_regex", None)
     return out

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from sgl_lite.backend.constrained import GrammarError
+from sgl_lite.backend.engine import Engine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # SGLang's default buckets (python/sglang/srt/metrics/collector.py)
@@ -32,16 +32,12 @@ ITL_BUCKETS = (
     *(0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08),
     *(0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0),
 )
-GRAMMAR_KINDS = frozenset({"regex", "json_schema", "ebnf"})
 
 
 def grammar_refused(error: Any) -> bool:
-    """Whether a refusal was the request's constraint's: the pattern itself (its field a
-    grammar kind), or a budget its compiled grammar cannot fit (named `max_new_tokens`, the
-    grammar's error as its cause: engine.py's `_poll_grammars`)."""
-    if getattr(error, "field", None) in GRAMMAR_KINDS:
-        return True
-    return isinstance(getattr(error, "__cause__", None), GrammarError)
+    """Whether a refusal was the request's constraint's (`Engine.refused_for_constraint`: the
+    pattern itself, or a budget its compiled grammar cannot fit)."""
+    return Engine.refused_for_constraint(error)
 
 
 LABEL = "model_name"

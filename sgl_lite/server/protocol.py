@@ -50,6 +50,8 @@ class GenerateRequest(_Wire):
     return_logprob: StrictBool = False
     logprob_start_len: StrictInt = Field(-1, ge=-1)
     top_logprobs_num: StrictInt = Field(0, ge=0, le=100)
+    # with return_logprob: per output token, these ids' logprobs (`output_token_ids_logprobs`)
+    token_ids_logprob: list[StrictInt] | None = None
     return_text_in_logprobs: StrictBool = False
     stream: StrictBool = False
     rid: StrictStr | list[StrictStr] | None = None
@@ -67,6 +69,7 @@ class GenerateRequest(_Wire):
             return_logprob=self.return_logprob,
             logprob_start_len=self.logprob_start_len,
             top_logprobs_num=self.top_logprobs_num,
+            token_ids_logprob=self.token_ids_logprob,
             return_text_in_logprobs=self.return_text_in_logprobs,
             stream=self.stream,
             rid=self.rid,

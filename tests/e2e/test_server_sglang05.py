@@ -83,7 +83,6 @@ REFUSED_GENERATE = [
     ("input_embeds", [[0.0]]),
     ("priority", 0),
     ("custom_logit_processor", "{}"),
-    ("token_ids_logprob", [1, 2]),
     ("bootstrap_host", "h"),
     ("return_logprob", [True, False]),
     ("not_a_field", 1),
@@ -161,6 +160,15 @@ def test_every_sglang_05_field_has_a_policy():
     engine_params = {f.name for f in fields(SamplingParams)} | {"stop_regex"}
     covered = engine_params | SAMPLING_NOOPS | set(SAMPLING_REFUSED)
     assert sampling_fields <= covered, sorted(sampling_fields - covered)
+
+
+def test_token_ids_logprob_reports_those_ids_at_each_output_token(url):
+    response = generate(url, sampling_params=GREEDY, return_logprob=True, token_ids_logprob=[1, 2])
+    assert response.status_code == 200, response.text
+    meta = response.json()["meta_info"]
+    entries = meta["output_token_ids_logprobs"]
+    assert len(entries) == meta["completion_tokens"]
+    assert all([e[1] for e in entry] == [1, 2] for entry in entries), entries[0]
 
 
 def test_spaces_between_special_tokens_is_accepted(url):

@@ -111,6 +111,36 @@ def test_required_tool_choice_picks_a_tool_and_validates(client):
     assert_valid(call)
 
 
+@pytest.mark.parametrize(
+    ("tools", "choice", "param"),
+    [
+        (["bad"], named("f"), "tools[0].function.parameters"),
+        (["bad"], "required", "tools[0].function.parameters"),
+        ([WEATHER, "bad"], "required", "tools"),
+    ],
+)
+def test_a_forced_call_the_engine_cannot_constrain_is_a_400_naming_the_tools(
+    url, tools, choice, param
+):
+    bad = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
+        },
+    }
+    body = {
+        "messages": ask("hi"),
+        "max_tokens": 4,
+        "tools": [bad if t == "bad" else t for t in tools],
+        "tool_choice": choice,
+    }
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and "'not'" in error["message"], error
+
+
 def test_auto_on_a_prompt_that_needs_no_tool_answers_text(client):
     reply = client.chat.completions.create(
         model="default",

@@ -279,7 +279,7 @@ def test_required_and_named_tool_choice_constrain_the_call(client, engine, choic
     plain = client.responses.create(
         model="fake", input="Oslo?", tools=[WEATHER], tool_choice=choice
     )
-    assert "regex" in engine.requests[-1]["params"]  # the scripted reply matched it
+    assert "json_schema" in engine.requests[-1]["params"]  # the scripted reply matched it
     [call] = plain.output
     assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Oslo"}
     events = list(

@@ -6,29 +6,42 @@ from __future__ import annotations
 import json
 import re
 
+import jsonschema
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sgl_lite.backend.constrained import is_any_object
+from sgl_lite.backend.constrained.schema.schema_normalize import normalize
+from sgl_lite.backend.constrained.schema.schema_regex import schema_to_regex
 from sgl_lite.server.openai.tool_parser import ToolDeltas, message, scan
 from sgl_lite.server.openai.tools import (
+    BOUNDED_OBJECT_SCHEMA,
     DEFAULT_TOOL_PROMPT,
-    JSON_OBJECT_REGEX,
     chat_prompt,
     constraint,
+    is_free_form,
     plan_tools,
 )
 from sgl_lite.server.protocol import ApiError
 from tests.support.tools import ADD, NOTE
 
 
-class _Compiler:
-    """Stands in for the engine's grammar compiler: the regex of ADD's parameters."""
+def _regex(params: dict[str, str]) -> str:
+    """The automaton's regex for the json_schema a forced call hands the engine (the text the
+    engine lets through: JSON laid out as `json.dumps` writes it)."""
+    assert list(params) == ["json_schema"]
+    return schema_to_regex(normalize(json.loads(params["json_schema"])))
 
-    def regex_for(self, kind, schema):
-        assert kind == "json_schema" and schema == ADD["function"]["parameters"]
-        return r'\{"a": -?[0-9]+, "b": -?[0-9]+\}'
+
+def _accepts(params: dict[str, str], text: str) -> bool:
+    """Whether the engine would let `text` through: the automaton's regex, and the schema."""
+    matched = re.fullmatch(_regex(params), text) is not None
+    valid = jsonschema.validators.validator_for({})(json.loads(params["json_schema"])).is_valid(
+        json.loads(text)
+    )
+    assert matched == valid, (text, matched, valid)
+    return matched
 
 
 def auto(parallel: bool = True):
@@ -85,32 +98,67 @@ def test_required_scan_reads_the_constrained_list():
         ("add", '{"a": 1, "b": 2}', True),
         ("note-it", "{}", True),
     ]
-    regex = constraint(plan, compiler=_Compiler())["regex"]
-    assert re.fullmatch(regex, text)
-    assert not re.fullmatch(regex, "[]")
+    params = constraint(plan).params
+    assert _accepts(params, text)
+    assert not _accepts(params, "[]")
+    assert not _accepts(params, '[{"name": "nope", "arguments": {}}]')
+    assert not _accepts(params, '[{"name": "add", "arguments": {"a": 1}}]')
 
 
 def test_required_constraint_without_parallel_calls_allows_one_call():
     plan = plan_tools([ADD, NOTE], "required", False)
-    regex = constraint(plan, compiler=_Compiler())["regex"]
-    assert re.fullmatch(regex, '[{"name": "note-it", "arguments": {"k": "v"}}]')
-    assert not re.fullmatch(
-        regex, '[{"name": "note-it", "arguments": {}}, {"name": "note-it", "arguments": {}}]'
+    params = constraint(plan).params
+    assert _accepts(params, '[{"name": "note-it", "arguments": {"k": "v"}}]')
+    assert not _accepts(
+        params, '[{"name": "note-it", "arguments": {}}, {"name": "note-it", "arguments": {}}]'
     )
+
+
+def test_required_constraint_is_one_json_schema_naming_the_tools_field():
+    one = constraint(plan_tools([ADD], "required", True))
+    assert one.field == "tools[0].function.parameters"
+    schema = json.loads(one.params["json_schema"])
+    assert schema["type"] == "array" and schema["minItems"] == 1 and "maxItems" not in schema
+    [call] = schema["items"]["anyOf"]
+    assert call["properties"] == {
+        "name": {"const": "add"},
+        "arguments": ADD["function"]["parameters"],
+    }
+    assert call["required"] == ["name", "arguments"] and call["additionalProperties"] is False
+    assert constraint(plan_tools([ADD, NOTE], "required", True)).field == "tools"
+    assert constraint(plan_tools([ADD], "none", True)) == ({}, None)
 
 
 def test_named_free_form_parameters_are_an_any_object_schema_not_a_regex():
     plan = plan_tools([NOTE], {"type": "function", "function": {"name": "note-it"}}, True)
-    params = constraint(plan, compiler=_Compiler())
+    params = constraint(plan).params
     assert list(params) == ["json_schema"]
     assert is_any_object(json.loads(params["json_schema"]))
 
 
-def test_free_form_parameters_inside_a_required_list_use_the_bounded_regex():
+def test_named_parameters_are_the_json_schema_as_given():
+    plan = plan_tools([NOTE, ADD], {"type": "function", "function": {"name": "add"}}, True)
+    named = constraint(plan)
+    assert json.loads(named.params["json_schema"]) == ADD["function"]["parameters"]
+    assert named.field == "tools[1].function.parameters"
+    assert _accepts(named.params, '{"a": 1, "b": 2}')
+
+
+def test_free_form_parameters_inside_a_required_list_are_bounded_three_deep():
     plan = plan_tools([NOTE], "required", True)
-    regex = constraint(plan, compiler=_Compiler())["regex"]
-    assert JSON_OBJECT_REGEX in regex
-    assert re.fullmatch(regex, '[{"name": "note-it", "arguments": {"a": {"b": [1, null]}}}]')
+    params = constraint(plan).params
+    [call] = json.loads(params["json_schema"])["items"]["anyOf"]
+    assert call["properties"]["arguments"] == BOUNDED_OBJECT_SCHEMA
+    assert _accepts(params, '[{"name": "note-it", "arguments": {"a": {"b": [1, null]}}}]')
+    assert not _accepts(params, '[{"name": "note-it", "arguments": {"a": {"b": {"c": 1}}}}]')
+
+
+def test_free_form_is_only_the_unconstrained_object():
+    assert is_free_form({"type": "object"}) and is_free_form({})
+    assert is_free_form({"type": "object", "title": "T", "properties": {}})
+    assert not is_free_form({"type": "object", "additionalProperties": False})
+    assert not is_free_form({"type": "object", "properties": {"a": {}}})
+    assert not is_free_form({"type": "object", "required": ["a"]})
 
 
 def test_any_object_is_only_the_unconstrained_object():
@@ -122,18 +170,41 @@ def test_any_object_is_only_the_unconstrained_object():
     assert not is_any_object({"type": "array"}) and not is_any_object({})
 
 
+def test_no_parameters_in_a_required_list_are_the_empty_object():
+    empty = {"type": "function", "function": {"name": "e"}}
+    params = constraint(plan_tools([empty], "required", True)).params
+    assert _accepts(params, '[{"name": "e", "arguments": {}}]')
+    assert not _accepts(params, '[{"name": "e", "arguments": {"x": 1}}]')
+
+
+def test_local_refs_of_embedded_parameters_point_where_they_now_are():
+    parameters = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "$defs": {"P": {"type": "integer"}},
+        "properties": {"p": {"$ref": "#/$defs/P"}, "const": {"const": {"$ref": "#/x"}}},
+        "required": ["p"],
+        "additionalProperties": False,
+    }
+    tool = {"type": "function", "function": {"name": "r", "parameters": parameters}}
+    params = constraint(plan_tools([ADD, tool], "required", True)).params
+    arguments = json.loads(params["json_schema"])["items"]["anyOf"][1]["properties"]["arguments"]
+    assert "$schema" not in arguments
+    assert arguments["properties"]["p"] == {"$ref": "#/items/anyOf/1/properties/arguments/$defs/P"}
+    assert arguments["properties"]["const"] == {"const": {"$ref": "#/x"}}  # data, not a $ref
+    assert _accepts(params, '[{"name": "r", "arguments": {"p": 3}}]')
+    assert not _accepts(params, '[{"name": "r", "arguments": {"p": "x"}}]')
+
+
 def test_an_object_schema_with_other_keywords_goes_to_the_engine():
     schema = {"type": "object", "anyOf": [{"required": ["a"]}]}
     tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
-    seen = []
-
-    class Recording:
-        def regex_for(self, kind, pattern):
-            seen.append(pattern)
-            return r"\{\}"
-
     plan = plan_tools([tool], {"type": "function", "function": {"name": "f"}}, True)
-    assert constraint(plan, Recording()) == {"regex": r"\{\}"} and seen == [schema]
+    assert constraint(plan).params == {"json_schema": json.dumps(schema)}
+    [call] = json.loads(constraint(plan_tools([tool], "required", True)).params["json_schema"])[
+        "items"
+    ]["anyOf"]
+    assert call["properties"]["arguments"] == schema
 
 
 TEXTS = {

@@ -26,7 +26,7 @@ import torch
 
 from sgl_lite.backend import omp_policy
 from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.constrained import BudgetError
+from sgl_lite.backend.constrained import BudgetError, GrammarError
 from sgl_lite.backend.engine.admission import Admission
 from sgl_lite.backend.engine.inbox import Abort, Add, Call, Message, Stop
 from sgl_lite.backend.engine.info import engine_info
@@ -221,6 +221,16 @@ class Engine:
     def abort_all(self, message: str) -> int:
         """Aborts every queued and running request with `message`; returns how many."""
         return self._call(lambda: self._abort_all(FinishReason.abort(message)))
+
+    @staticmethod
+    def refused_for_constraint(error: BaseException | None) -> bool:
+        """Whether a refusal (an `InvalidRequest`, or a finish reason's error) was the request's
+        constraint's: the pattern itself (its field a grammar kind), or a budget its compiled
+        grammar cannot fit (named `max_new_tokens`, the grammar's error as its cause:
+        `_poll_grammars`). Callers count these without knowing the grammar layer's errors."""
+        if getattr(error, "field", None) in ("regex", "json_schema", "ebnf"):
+            return True
+        return isinstance(getattr(error, "__cause__", None), GrammarError)
 
     def flush_cache(self) -> bool:
         """Empties the radix cache; False (and nothing done) while requests are running."""

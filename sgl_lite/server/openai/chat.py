@@ -88,7 +88,7 @@ def add_chat_routes(
         )
         if max_tokens is None:  # until EOS: whatever room the context and the pool leave
             max_tokens = engine.max_new_tokens_room(len(ids))
-        output_format = _constraint(req, plan, engine)
+        output_format = _constraint(req, plan)
         params = {**req.sampling_params(max_tokens), **output_format.params}
         raw = plan.mode == "auto" and keep_special and req.skip_special_tokens
         if raw:
@@ -198,7 +198,7 @@ def _check_prefill(req: ChatCompletionRequest) -> bool:
     return False
 
 
-def _constraint(req: ChatCompletionRequest, plan: ToolPlan, engine: Any) -> Constraint:
+def _constraint(req: ChatCompletionRequest, plan: ToolPlan) -> Constraint:
     """The constraint from response_format, a forced tool call, or the body's SGLang / vLLM
     constraint fields (guided.py); a 400 naming them when more than one is set."""
     fmt = req.response_format
@@ -209,7 +209,8 @@ def _constraint(req: ChatCompletionRequest, plan: ToolPlan, engine: Any) -> Cons
         + (["tool_choice"] if forced else [])
     )
     if forced:
-        return Constraint(constraint(plan, engine.builder.compiler), {})
+        tool = constraint(plan)
+        return Constraint(tool.params, {"json_schema": tool.field} if tool.field else {})
     if fmt is None or fmt.type == "text":
         return body_constraint(req)
     if fmt.type == "json_object":

@@ -24,6 +24,7 @@ from sgl_lite.backend.engine.inputs import GenerateInput
 from sgl_lite.server.bridge import EngineBridge
 from sgl_lite.server.openai.chat import ANY_OBJECT_SCHEMA, ToolSetup, tool_setup
 from sgl_lite.server.openai.completions import model_checker
+from sgl_lite.server.openai.guided import NO_CONSTRAINT, Constraint
 from sgl_lite.server.openai.responses_output import ResponseDraft, response_status
 from sgl_lite.server.openai.responses_protocol import (
     FunctionCallItem,
@@ -59,8 +60,7 @@ _ALIASES = {
     "max_new_tokens": "max_output_tokens",
     "input_ids": "input",
     "text": "input",
-    "json_schema": "text.format.schema",
-    "regex": "tool_choice",
+    "json_schema": "text.format.schema",  # a forced tool call's names its tools instead
 }
 _ITEMS: TypeAdapter[Any] = TypeAdapter(InputItem)
 
@@ -154,18 +154,19 @@ def add_responses_routes(
         max_tokens = req.max_output_tokens
         if max_tokens is None:  # until EOS: whatever room the context and the pool leave
             max_tokens = engine.max_new_tokens_room(len(ids))
+        output_format = _constraint(req, plan)
         params: dict[str, Any] = {
             "max_new_tokens": max_tokens,
             "temperature": 1.0 if req.temperature is None else req.temperature,
             "top_p": 1.0 if req.top_p is None else req.top_p,
             **req.sampling_extras(),
-            **_constraint(req, plan, engine),
+            **output_format.params,
         }
         raw = plan.mode == "auto" and setup.keep_special
         if raw:
             params["skip_special_tokens"] = False
         draft = ResponseDraft(req, served_model_name, plan, setup.ending if raw else ())
-        with bridge.refusals(_ALIASES):
+        with bridge.refusals({**_ALIASES, **output_format.aliases}):
             inp = GenerateInput(input_ids=ids, sampling_params=params, rid=draft.id)
             sub = await bridge.submit(inp, overload_status=429)
         conversation = (*prior, *turn)
@@ -250,8 +251,9 @@ def _plan(req: ResponsesRequest, setup: ToolSetup) -> ToolPlan:
         raise _respelled(exc) from None
 
 
-def _constraint(req: ResponsesRequest, plan: ToolPlan, engine: Any) -> dict[str, str]:
-    """The regex / json_schema sampling param from text.format or a forced tool call."""
+def _constraint(req: ResponsesRequest, plan: ToolPlan) -> Constraint:
+    """The json_schema sampling param from text.format or a forced tool call, and the field an
+    engine refusal of it names."""
     fmt = req.text.format if req.text is not None else None
     forced = plan.mode in ("required", "named")
     if forced and fmt is not None and fmt.type != "text":
@@ -262,15 +264,14 @@ def _constraint(req: ResponsesRequest, plan: ToolPlan, engine: Any) -> dict[str,
             param="text.format",
         )
     if forced:
-        try:
-            return constraint(plan, engine.builder.compiler)
-        except ApiError as exc:
-            raise _respelled(exc) from None
+        tool = constraint(plan)
+        field = tool.field and _CHAT_TOOL_FIELD.sub(r"tools[\1].", tool.field)
+        return Constraint(tool.params, {"json_schema": field} if field else {})
     if fmt is None or fmt.type == "text":
-        return {}
+        return NO_CONSTRAINT
     if fmt.type == "json_object":  # any object, any depth (see chat's json_object)
-        return {"json_schema": ANY_OBJECT_SCHEMA}
-    return {"json_schema": json.dumps(fmt.schema_)}
+        return Constraint({"json_schema": ANY_OBJECT_SCHEMA}, {})
+    return Constraint({"json_schema": json.dumps(fmt.schema_)}, {})
 
 
 _CHAT_TOOL_FIELD = re.compile(r"tools\[(\d+)\]\.function\.")

@@ -7,11 +7,12 @@ decides how the answer is generated:
 |----------------------|-----------------|-----------------------------------|----------------|
 | "none" (or no tools) | no              | free text                         | -              |
 | "auto"               | yes             | free text, calls in its format    | blocks in text |
-| "required"           | yes             | regex: a JSON list of calls       | that list      |
-| {"function": name}   | yes             | that function's arguments (*)     | the arguments  |
+| "required"           | yes             | json_schema: a JSON list of calls | that list      |
+| {"function": name}   | yes             | json_schema: its `parameters`     | the arguments  |
 
-"Its format" is the one the chat template teaches (`tool_formats.py`).
-(*) a regex, or for a free-form `parameters` (any JSON object) a real JSON grammar.
+"Its format" is the one the chat template teaches (`tool_formats.py`). A forced call is one
+JSON Schema handed to the engine like any request's `json_schema` (`constraint`): the server
+knows nothing of how the engine compiles it.
 
 So a required or named call always has arguments that match the function's `parameters`.
 Tools reach the model through the tokenizer's chat template when it renders `tools`, else
@@ -27,12 +28,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jsonschema
 from pydantic import BaseModel
 
-from sgl_lite.backend.constrained import is_any_object
 from sgl_lite.server.openai.tool_formats import (
     FORMATS,
     ToolFormat,
@@ -53,23 +53,24 @@ You can call functions to help answer. Their signatures, one JSON object per lin
 
 {how}"""
 
-# Any JSON object inside a required choice's regex, nested at most three deep. NOTE: outlines'
-# regex for it takes ~10 s to compile on SmolLM2's vocabulary; this one compiles in ~1 s. Alone
-# (json_object, a named free-form function) it is a JSON Schema the engine builds as a grammar.
-_WS = r"[ \n]{0,2}"
-_STR = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"'
-_NUM = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
-_SCALAR = rf"({_STR}|{_NUM}|true|false|null)"
-_ARRAY = rf"\[{_WS}({_SCALAR}({_WS},{_WS}{_SCALAR})*)?{_WS}\]"
-
-
-def _object(value: str) -> str:
-    member = rf"{_STR}{_WS}:{_WS}{value}"
-    return rf"\{{{_WS}({member}({_WS},{_WS}{member})*)?{_WS}\}}"
-
-
-JSON_OBJECT_REGEX = _object(rf"({_SCALAR}|{_ARRAY}|{_object(rf'({_SCALAR}|{_ARRAY})')})")
-EMPTY_OBJECT_REGEX = r"\{\}"
+# Any JSON object inside a required choice's list of calls, nested at most three deep. NOTE:
+# nested in a larger schema, `{"type": "object"}` is not what it is alone: the automaton writes
+# a free nested value as a scalar only, llguidance at any depth. This bound says it outright, so
+# every backend writes the same calls (an unbounded one would also make the automaton's index
+# slow to build). Alone (json_object, a named free-form function) an object schema is built as a
+# real recursive grammar.
+_SCALAR: dict[str, Any] = {"type": ["string", "number", "boolean", "null"]}
+_ARRAY: dict[str, Any] = {"type": "array", "items": _SCALAR}
+BOUNDED_OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {
+        "anyOf": [
+            _SCALAR,
+            _ARRAY,
+            {"type": "object", "additionalProperties": {"anyOf": [_SCALAR, _ARRAY]}},
+        ]
+    },
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,56 +171,107 @@ def _checked_parameters(parameters: dict[str, Any] | None, i: int) -> dict[str, 
 _FREE_FORM_KEYS = {
     "type", "title", "description", "properties", "additionalProperties", "$schema",
 }  # fmt: skip
+# keywords that name a schema resource or its dialect: meaningful at a root only
+_ROOT_KEYS = ("$schema", "$id")
+# keywords whose values are data, not schemas: a "$ref" in them is not a reference
+_DATA_KEYS = frozenset({"const", "enum", "default", "examples"})
+# keywords whose values map names to schemas
+_NAME_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
 
 
-def arguments_regex(compiler: Any, schema: dict[str, Any], field: str) -> str:
-    """The regex a function's arguments are generated under inside a larger regex (a required
-    choice's list of calls; a 400 naming `field` if the engine's JSON-schema support cannot
-    express it). NOTE: a free-form object here is bounded (nested at most three deep); alone, as
-    a named choice, it is a real grammar (`arguments_constraint`)."""
-    if set(schema) <= _FREE_FORM_KEYS and not schema.get("properties"):
-        # an object with no declared properties: {} if no others are allowed, else any object
-        if schema.get("additionalProperties") is False:
-            return EMPTY_OBJECT_REGEX
-        if schema.get("additionalProperties", True) is True:
-            return JSON_OBJECT_REGEX
-    try:
-        return compiler.regex_for("json_schema", schema)
-    except ValueError as exc:
-        raise ApiError(400, f"{field}: {exc}", param=field) from None
+def is_free_form(schema: dict[str, Any]) -> bool:
+    """Whether a function's `parameters` allow any JSON object: no properties, nothing but
+    annotations, and `additionalProperties` absent or true."""
+    return (
+        set(schema) <= _FREE_FORM_KEYS
+        and not schema.get("properties")
+        and schema.get("additionalProperties", True) is True
+    )
 
 
-def arguments_constraint(compiler: Any, schema: dict[str, Any], field: str) -> dict[str, str]:
-    """The sampling param a named function's arguments are generated under: any JSON object as
-    a JSON Schema (the engine builds it as a recursive grammar, any depth), else a regex."""
-    if is_any_object(schema):
-        return {"json_schema": json.dumps(schema)}
-    return {"regex": arguments_regex(compiler, schema, field)}
+class ToolConstraint(NamedTuple):
+    """A forced tool call's constraint: the engine's sampling param, and the request field an
+    engine refusal of it names (the one tool's `parameters`, else `tools`)."""
+
+    params: dict[str, str]  # {"json_schema": ...}, or {} for free text
+    field: str | None
 
 
-def constraint(plan: ToolPlan, compiler: Any) -> dict[str, str]:
-    """The constraint sampling param of a required or named tool choice; {} for free text.
+def constraint(plan: ToolPlan) -> ToolConstraint:
+    """The constraint of a required or named tool choice, as one JSON Schema the engine builds
+    like any other `json_schema`; no params for free text.
 
-    Named: the function's arguments alone. Required: a regex for a JSON list of
-    `{"name": ..., "arguments": ...}` objects (one element unless parallel_tool_calls).
+    Named: the function's `parameters` as they are. Required: a JSON list of
+    `{"name": NAME, "arguments": ARGS}` objects, one of each tool's (one element unless
+    parallel_tool_calls); the engine writes JSON as `json.dumps` lays it out (", ", ": "), so
+    the text is `[{"name": "f", "arguments": {...}}, ...]` exactly (`call_list_schema`).
     """
     names = list(plan.schemas)
     field = {name: f"tools[{i}].function.parameters" for i, name in enumerate(names)}
     if plan.mode == "named":
         assert plan.named is not None
-        return arguments_constraint(compiler, plan.schemas[plan.named], field[plan.named])
+        schema = plan.schemas[plan.named]
+        return ToolConstraint({"json_schema": json.dumps(schema)}, field[plan.named])
     if plan.mode != "required":
-        return {}
-    calls = "|".join(
-        r"\{"
-        + regex_literal(json.dumps({"name": name})[1:-1])
-        + r', "arguments": '
-        + f"({arguments_regex(compiler, plan.schemas[name], field[name])})"
-        + r"\}"
-        for name in names
+        return ToolConstraint({}, None)
+    schema = call_list_schema(plan.schemas, parallel=plan.parallel)
+    return ToolConstraint(
+        {"json_schema": json.dumps(schema)}, field[names[0]] if len(names) == 1 else "tools"
     )
-    more = rf"(, ({calls}))*" if plan.parallel else ""
-    return {"regex": rf"\[({calls}){more}\]"}
+
+
+def call_list_schema(schemas: dict[str, dict[str, Any]], *, parallel: bool) -> dict[str, Any]:
+    """The JSON Schema of a required choice's answer: a non-empty list (of one call unless
+    `parallel`) of `{"name": NAME, "arguments": ARGS}` objects, name first, for the functions
+    of `schemas` (name -> parameters). Free-form parameters become `BOUNDED_OBJECT_SCHEMA`;
+    others are embedded with their local `$ref`s pointing where they now are (and without
+    `$schema`/`$id`, which mean something at a root only)."""
+    calls = []
+    for i, (name, parameters) in enumerate(schemas.items()):
+        where = f"/items/anyOf/{i}/properties/arguments"
+        arguments = (
+            BOUNDED_OBJECT_SCHEMA if is_free_form(parameters) else _embedded(parameters, where)
+        )
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": arguments},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    schema: dict[str, Any] = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _embedded(schema: dict[str, Any], where: str) -> dict[str, Any]:
+    """`schema` as a sub-schema at JSON pointer `where` of a larger one."""
+    return {k: _rebased(v, where) for k, v in schema.items() if k not in _ROOT_KEYS}
+
+
+def _rebased(node: Any, where: str, names: bool = False) -> Any:
+    """`node` with every local `$ref` ("#...") prefixed by `where`; data keywords untouched
+    (`names`: `node` maps names to schemas, as `properties` does, so its keys are not
+    keywords)."""
+    if isinstance(node, list):
+        return [_rebased(v, where) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if names:
+        return {name: _rebased(sub, where) for name, sub in node.items()}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = "#" + where + value[1:]
+        elif key in _DATA_KEYS:
+            out[key] = value
+        else:
+            out[key] = _rebased(value, where, names=key in _NAME_MAPS)
+    return out
 
 
 def regex_literal(text: str) -> str:
