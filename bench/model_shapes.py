@@ -10,11 +10,11 @@ files mix block types per tensor as real downloads do. The files are kept in `--
 between runs (they are data, not CPU-specific).
 
 Each system runs in a fresh process per file, alone, with `--num-threads` threads: load time
-(constructor, file to ready; sgl_lite's first load, which converts the file, is run and
-reported apart), peak RSS (VmHWM after the whole run), prefill tok/s (one prompt
-of `PREFILL` tokens, one new token), batch-1 decode tok/s (a ~100-token prompt, 128 new tokens,
-greedy, EOS ignored; one warm-up, the median of 3) and, for sgl_lite, 16 prompts' aggregate
-(64 new tokens each). Needs llama-cpp-python (`make bench-peers`).
+(constructor, file to ready; sgl_lite's first load, which writes the file's config and
+tokenizer folder once, is run and reported apart), peak RSS (VmHWM after the whole run),
+prefill tok/s (one prompt of `PREFILL` tokens, one new token), batch-1 decode tok/s (a
+~100-token prompt, 128 new tokens, greedy, EOS ignored; one warm-up, the median of 3) and, for
+sgl_lite, 16 prompts' aggregate (64 new tokens each). Needs llama-cpp-python (`make bench-peers`).
 """
 
 from __future__ import annotations
@@ -56,6 +56,18 @@ SHAPES: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 24,
         "num_attention_heads": 14,
         "num_key_value_heads": 2,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+    },
+    "gemma-3-1b": {
+        "model_type": "gemma3_text",
+        "hidden_size": 1152,
+        "intermediate_size": 6912,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "sliding_window": 512,
         "rope_theta": 1000000.0,
         "tie_word_embeddings": True,
     },
@@ -283,7 +295,7 @@ def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     rows = [
         "| file | batch-1 tok/s ours / llama.cpp | ratio | prefill tok/s ours / llama.cpp | "
         "ratio | 16 prompts tok/s | peak RSS GB ours / llama.cpp | load s ours / llama.cpp "
-        "| first load s (converts) |",
+        "| first load s (writes config + tokenizer) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, figs in results.items():
@@ -332,7 +344,7 @@ def main() -> None:
             for system in ("llama_cpp", "sgl_lite"):
                 print(f"[{name}] {system} ...", flush=True)
                 first = None
-                if system == "sgl_lite":  # its first load converts the file (cached after)
+                if system == "sgl_lite":  # its first load writes the config folder (cached)
                     first = run_isolated(system, path, args.num_threads).get("load_s")
                 results[name][system] = run_isolated(system, path, args.num_threads)
                 if first is not None:
