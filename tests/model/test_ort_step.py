@@ -41,6 +41,7 @@ def _start_path(runner, step, snapshot, path):
     runner.pool.k.copy_(snapshot[0])
     runner.pool.v.copy_(snapshot[1])
     runner.decode_kv = DecodeKV(runner.pool, torch.float32)
+    runner.step_kv = DecodeKV(runner.pool, torch.float32)
     runner.decode_step = step if path == "ort" else None
 
 
@@ -107,14 +108,15 @@ def test_one_requests_tokens_in_a_row_match_the_torch_step_and_keep_its_copies()
     for path in ("torch", "ort"):
         _start_path(runner, step, snapshot, path)
         start, logits, written, fresh = len(ids) - 1, [], [], []
-        plan = runner.decode_kv.plan
+        copies = runner.step_kv if path == "ort" else runner.decode_kv
+        plan = copies.plan
 
         def recorded(segments, extend=False, plan=plan, fresh=fresh):
             view = plan(segments, extend)
             fresh.append(view is not None and view.fresh)
             return view
 
-        runner.decode_kv.plan = recorded
+        copies.plan = recorded
         for n, (count, logits_from) in enumerate(passes):
             tokens = [(11 * n + j) % DECODE_VOCAB for j in range(count)]
             seg = Segment(
@@ -162,7 +164,7 @@ def test_the_graphs_new_rows_stay_in_the_copies_as_the_pool_keeps_them():
     )
     ((ids, slots),) = prefill_random(runner, [9])
     slots = torch.cat([slots, runner.pool.alloc(3)])
-    runner.decode_kv = DecodeKV(runner.pool, torch.float32)
+    runner.step_kv = DecodeKV(runner.pool, torch.float32)
     runner.decode_step = step
     start = len(ids) - 1
 
@@ -173,7 +175,7 @@ def test_the_graphs_new_rows_stay_in_the_copies_as_the_pool_keeps_them():
         assert step.takes([decode(token)])
         runner.forward([decode(token)])
         start += 1
-    view = runner.decode_kv.plan([decode(8)])  # the copies as the next step reads them
+    view = runner.step_kv.plan([decode(8)])  # the copies as the next step reads them
     assert view is not None and not view.fresh
     for layer in range(runner.pool.num_layers):
         copy = view.k[layer][0, :, :start].transpose(0, 1)  # (positions, Hkv, D)

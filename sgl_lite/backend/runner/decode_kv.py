@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from sgl_lite.backend.kvcache.kv_pool import KVPool
     from sgl_lite.backend.types import Segment
 
-MAX_BATCH = 16  # the int-kernel decode batches; larger ones re-gather (their matmuls dominate)
 # The copies of all layers together. 16 rows of 256 positions in float64 (the int modes) take
 # 377 MB for SmolLM2; below that, a 16-prompt decode re-gathered and re-cast the whole prefix
 # of every layer each step (8 % of the step, measured).
@@ -89,7 +88,7 @@ class DecodeKV:
         tokens (a jump-forward chunk, the next step of a program): its copy keeps its prefix."""
         batch = len(segments)
         single = all(len(s.token_ids) == 1 for s in segments)
-        if batch > MAX_BATCH or not (single or (extend and batch == 1)):
+        if not (single or (extend and batch == 1)):
             self.reset()
             return None
         longest = max(s.end for s in segments)

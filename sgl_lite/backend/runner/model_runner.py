@@ -72,6 +72,8 @@ class ModelRunner:
         )
         del quantized
         self.model = _placed(model, self.device, self.format.dense_dtype).eval()
+        if self.model.prepack_dense():
+            pack_note += "; dense weights in oneDNN's layout"
         for module in self.model.modules():
             if isinstance(module, Attention):
                 module.attn_dtype = self.format.attn_dtype
@@ -88,9 +90,14 @@ class ModelRunner:
         # Captured decode steps build their own masks, without windows.
         sliding = getattr(self.model, "sliding_window", None) is not None
         self.graphs = DecodeGraphs(self) if DecodeGraphs.wanted(self) and not sliding else None
-        # The onnxruntime step reads float32 copies (whatever the pool's dtype).
-        copies = self.format.attn_dtype or (torch.float32 if self.decode_step else None)
-        self.decode_kv = DecodeKV(self.pool, copies) if self.graphs is None else None
+        # Decode copies (decode_kv): the torch step's in the dtype its attention computes in;
+        # the onnxruntime step's own in float32 (whatever the pool's dtype).
+        self.decode_kv = (
+            DecodeKV(self.pool, self.format.attn_dtype) if self.graphs is None else None
+        )
+        self.step_kv = (
+            DecodeKV(self.pool, torch.float32) if self.decode_step and self.graphs is None else None
+        )
         # Every pass on the graph: copies of their own for each group of rows (`_graph_passes`).
         self.kv_lanes: list[DecodeKV] = []
         if self.decode_step is not None:
@@ -136,10 +143,15 @@ class ModelRunner:
         if step is not None and step.every_pass:
             return self._graph_passes(step, segments)
         decode_kv = getattr(self, "decode_kv", None)
-        if step is not None and decode_kv is not None and step.takes(segments):
-            stepped = step.run(segments, self.pool, decode_kv)
+        step_kv = getattr(self, "step_kv", None)
+        if step is not None and step_kv is not None and step.takes(segments):
+            stepped = step.run(segments, self.pool, step_kv)
             if stepped is not None:
+                if decode_kv is not None:
+                    decode_kv.release()  # one set of copies at a time: they may be large
                 return stepped
+        if step_kv is not None and step_kv.nbytes:
+            step_kv.release()
         input_ids = torch.tensor(
             [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device
         )
@@ -181,7 +193,7 @@ class ModelRunner:
             logits = self._forward_pass([segment]).logits
         finally:
             self.pool.free(slots)
-            for copies in [self.decode_kv, *self.kv_lanes]:
+            for copies in [self.decode_kv, self.step_kv, *self.kv_lanes]:
                 if copies is not None:
                     copies.reset()
         if logits is not None and bool(torch.isfinite(logits).all()):
@@ -190,10 +202,7 @@ class ModelRunner:
         if step.every_pass:
             raise ModelLoadError(f"{why}; set {DENSE_LINEARS_ENV}=1 to run the dense weights")
         logger.warning("sgl_lite weights: %s; decode steps on torch", why)
-        self.decode_step = None
-        self.decode_kv = (
-            DecodeKV(self.pool, self.format.attn_dtype) if self.graphs is None else None
-        )
+        self.decode_step = self.step_kv = None
         return f"; {why}: decode steps on torch"
 
     def _graph_passes(self, step: OrtDecodeStep, segments: list[Segment]) -> ForwardOutput:

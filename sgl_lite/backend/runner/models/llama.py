@@ -28,6 +28,7 @@ from sgl_lite.backend.runner.models.rope import (
     rotary_dim_of,
 )
 from sgl_lite.backend.runner.models.spec import LLAMA, DecoderSpec
+from sgl_lite.backend.runner.weights import onednn
 from sgl_lite.backend.runner.weights.linear import Linear, dense_linear
 from sgl_lite.backend.runner.weights.quant import PackedWeight
 
@@ -314,6 +315,8 @@ class LlamaForCausalLM(nn.Module):
         self.logits_scaling = float(config.logits_scaling) if spec.multipliers else 1.0
         # A packed 8-bit copy of the LM head, for the passes that run int kernels (the runner).
         self.head_packed: PackedWeight | None = None
+        # A tied head's table in oneDNN's layout, for the dense passes (`prepack_dense`).
+        self.head_prepacked: torch.Tensor | None = None
 
     def make_layer(self, config: PretrainedConfig, layer_id: int, spec: DecoderSpec) -> nn.Module:
         """Decoder block `layer_id`; a family with a block of its own overrides this."""
@@ -331,16 +334,29 @@ class LlamaForCausalLM(nn.Module):
             x = layer.forward(x, meta, pool)
         return F.rms_norm(x, x.shape[-1:], self.norm, self.config.rms_norm_eps)
 
+    def prepack_dense(self) -> int:
+        """Moves every dense linear weight, and a tied head's copy of the embedding table, into
+        oneDNN's layout where that runs here (`weights.onednn`); returns how many moved. Called
+        once the load is done with the plain weights."""
+        moved = sum(m.prepack_dense() for m in self.modules() if isinstance(m, Linear))
+        if self.lm_head is None:  # the table itself stays plain: the embedding reads its rows
+            self.head_prepacked = onednn.prepack(self.embed_tokens.weight)
+            moved += self.head_prepacked is not None
+        return moved
+
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, use_int: bool = False) -> torch.Tensor:
         """hidden: (N, hidden) → float32 logits (N, vocab); `head_packed` for int passes."""
         packed = self.head_packed
+        head = self.lm_head  # None exactly when tied
         if packed is not None and use_int:
             logits = packed.matmul(hidden.to(packed.input_dtype)).float()
+        elif head is not None:
+            logits = head.run(hidden, use_int=False).float()
+        elif self.head_prepacked is not None:
+            logits = onednn.linear(hidden, self.head_prepacked).float()
         else:
-            head = self.lm_head  # None exactly when tied
-            weight = self.embed_tokens.weight if head is None else head.weight
-            logits = dense_linear(hidden, weight).float()
+            logits = dense_linear(hidden, self.embed_tokens.weight).float()
         return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 
     def weight_plan(self, names: set[str]) -> dict[str, WeightSource]:

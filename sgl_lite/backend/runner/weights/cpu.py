@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sgl_lite.backend.runner.weights import quant
+from sgl_lite.backend.runner.weights import onednn, quant
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,8 @@ def time_kernels(
     width = dense_weights[0].shape[1]
     x = torch.randn(rows, width)
     weights = [w.to(dense) for w in dense_weights] if dense is not torch.float32 else dense_weights
+    # The dense GEMM as the runner will run it: from oneDNN's layout where it uses that.
+    prepacked = [onednn.prepack(w) for w in weights]
     xd = x.to(dense)
 
     def packed_pass(packed: list[quant.PackedWeight]) -> Callable[[], None]:
@@ -123,8 +125,8 @@ def time_kernels(
         return run
 
     def dense_pass() -> None:
-        for w in weights:
-            F.linear(xd, w)
+        for w, p in zip(weights, prepacked):
+            F.linear(xd, w) if p is None else onednn.linear(xd, p)
 
     passes: dict[str, Callable[[], object]] = {
         name: packed_pass(packed) for name, packed in candidates.items()

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sgl_lite.backend.runner.weights import onednn
 from sgl_lite.backend.runner.weights.quant import PackedWeight
 
 # Up to this many rows (decode batches, short chunks) `dense_linear` takes the transposed product.
@@ -32,13 +33,30 @@ def dense_linear(
 
 
 class Linear(nn.Linear):
-    """`nn.Linear` whose weight may be replaced by a packed int copy (`packed`).
+    """`nn.Linear` whose weight may be replaced by a packed int copy (`packed`), and whose
+    dense weight may be held in oneDNN's layout instead (`prepacked`, see `prepack_dense`).
 
     `run` is called directly by the model (not through `__call__`), which skips module hooks:
     at batch 1 the per-call overhead of ~200 linears per step is measurable.
     """
 
     packed: PackedWeight | None = None
+    prepacked: torch.Tensor | None = None
+
+    @property
+    def has_dense(self) -> bool:
+        """Whether passes off the int kernels can run (a dense weight, in either layout)."""
+        return self.prepacked is not None or self.weight.numel() > 0
+
+    def prepack_dense(self) -> bool:
+        """Moves the dense weight into oneDNN's layout where that runs here (`onednn`); the
+        plain copy is freed. Returns whether it moved."""
+        packed = onednn.prepack(self.weight) if self.weight.numel() else None
+        if packed is None:
+            return False
+        self.prepacked = packed
+        self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
+        return True
 
     def run(self, x: torch.Tensor, use_int: bool, cast_back: bool = True) -> torch.Tensor:
         """x (T, in) → (T, out) in the model's activation dtype (its weights' dtype): the packed
@@ -54,6 +72,8 @@ class Linear(nn.Linear):
         """
         packed = self.packed
         if packed is None or not use_int:
+            if self.prepacked is not None:
+                return onednn.linear(x, self.prepacked, self.bias)
             if self.weight.numel() == 0:
                 raise RuntimeError("a packed linear has no dense weight; run the pass with use_int")
             return dense_linear(x, self.weight, self.bias)
