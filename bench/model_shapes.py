@@ -36,6 +36,10 @@ PREFILL = 512
 DECODE_PROMPT = 100
 DECODE_TOKENS = 128
 BATCH, BATCH_TOKENS = 16, 64
+# KV slots: llama.cpp's context (it runs one sequence); ours is the least power of two that
+# holds the 16 prompts at once (16 x 164 tokens), so peak RSS compares like with like.
+LLAMA_CPP_CONTEXT = 2048
+SGL_LITE_POOL = 4096
 QUANTS = ("Q4_K_M", "Q4_0", "Q8_0")
 # Real models' sizes (their config.json), with SmolLM2's vocabulary.
 SHAPES: dict[str, dict[str, Any]] = {
@@ -210,7 +214,7 @@ def measure_sgl_lite(path: str, threads: int) -> dict[str, Any]:
     from sgl_lite.backend.engine import Engine
 
     start = time.perf_counter()
-    engine = Engine(model_path=path, num_threads=threads, max_total_tokens=8192)
+    engine = Engine(model_path=path, num_threads=threads, max_total_tokens=SGL_LITE_POOL)
     load = time.perf_counter() - start
     prefill, prompt, batch = _prompts(engine.runner.vocab_size)
     greedy = {"temperature": 0, "ignore_eos": True}
@@ -241,8 +245,9 @@ def measure_llama_cpp(path: str, threads: int) -> dict[str, Any]:
     import llama_cpp
 
     start = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_ctx=2048, n_batch=512,
-                          verbose=False)  # fmt: skip
+    llm = llama_cpp.Llama(
+        model_path=path, n_threads=threads, n_ctx=LLAMA_CPP_CONTEXT, n_batch=512, verbose=False
+    )
     load = time.perf_counter() - start
     prefill, prompt, _ = _prompts(llm.n_vocab())
 

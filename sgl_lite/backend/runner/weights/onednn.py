@@ -27,16 +27,21 @@ def why_not(weight: torch.Tensor) -> str | None:
     """Why `weight` (out, in) cannot be prepacked here, or None if it can."""
     if weight.device.type != "cpu" or weight.dim() != 2 or weight.numel() == 0:
         return "not a dense CPU matrix"
-    if weight.dtype not in DTYPES:
-        return f"{weight.dtype} (oneDNN's prepacked product is used for bf16/fp16 only)"
+    return why_not_dtype(weight.dtype)
+
+
+def why_not_dtype(dtype: torch.dtype) -> str | None:
+    """Why CPU weights of `dtype` cannot be prepacked here, or None if they can."""
+    if dtype not in DTYPES:
+        return f"{dtype} (oneDNN's prepacked product is used for bf16/fp16 only)"
     if not torch.backends.mkldnn.is_available():
         return "torch was built without oneDNN"
     supported = {
         torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported,
         torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported,
-    }[weight.dtype]
+    }[dtype]
     if not supported():
-        return f"this CPU has no oneDNN {weight.dtype} kernel"
+        return f"this CPU has no oneDNN {dtype} kernel"
     return None
 
 
