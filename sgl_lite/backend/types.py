@@ -220,7 +220,7 @@ class Segment:
     logits_from: int  # logits for token_ids[logits_from:] are returned; len(token_ids) for none
     # The segment completes a prompt whose next token is sampled: in the fast mode the runner
     # computes its last token in a pass of single tokens, as a repeat of the request whose
-    # whole prompt the radix cache holds computes it (model_runner.split_final_rows).
+    # whole prompt the radix cache holds computes it (runner/passes.py: split_final_rows).
     last_alone: bool = False
 
     @property

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.runner.model_loader import resolve_model_path
-from sgl_lite.backend.runner.model_runner import ModelRunner, merge_outputs, split_final_rows
+from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.runner.passes import merge_outputs, split_final_rows
 from sgl_lite.backend.types import ForwardOutput, Segment
 from tests.support import NUM_THREADS
 from tests.support.gguf_files import write_gguf

@@ -31,6 +31,7 @@ from sgl_lite.backend.runner.models.llama import (
     head_dim_of,
 )
 from sgl_lite.backend.runner.ort_step import OrtDecodeStep
+from sgl_lite.backend.runner.passes import graph_passes, merge_outputs, split_final_rows
 from sgl_lite.backend.runner.weights import ort_nbits
 from sgl_lite.backend.runner.weights.choose import (
     DENSE_LINEARS_ENV,
@@ -206,40 +207,10 @@ class ModelRunner:
         return f"; {why}: decode steps on torch"
 
     def _graph_passes(self, step: OrtDecodeStep, segments: list[Segment]) -> ForwardOutput:
-        """A pass of a model with no dense linears, all on the onnxruntime graph: each request
-        bringing several tokens (a prompt's chunk) runs alone, the single-token rows in groups
-        of up to `step.max_rows`. Each run has copies of its own (lane 0: the prompt chunks;
-        lane g + 1: group g), so a decode group's copies persist while prompts come and go."""
-        rows = [
-            (i, s) for i, s in enumerate(segments) if len(s.token_ids) == 1 and not s.logits_from
-        ]
-        alone = [(i, s) for i, s in enumerate(segments) if len(s.token_ids) > 1 or s.logits_from]
-        size = step.max_rows
-        runs = [(0, [pair]) for pair in alone]
-        runs += [(1 + g, rows[g * size : (g + 1) * size]) for g in range(-(-len(rows) // size))]
-        passes = []
-        for lane, split in runs:
-            while len(self.kv_lanes) <= lane:
-                self.kv_lanes.append(DecodeKV(self.pool, torch.float32, max_bytes=None))
-            out = step.run([s for _, s in split], self.pool, self.kv_lanes[lane])
-            if out is None:  # the lanes are unbounded and the groups sized to the step
-                raise RuntimeError(f"the onnxruntime graph refused a pass of {len(split)} rows")
-            passes.append((split, out))
-            self._bound_lanes()
-        return merge_outputs(len(segments), passes)
-
-    def _bound_lanes(self) -> None:
-        """Frees the largest lanes' copies (they gather afresh when next used) while all of
-        them together take more than twice the pool: float32 copies of every running request's
-        whole K/V, padded to each group's longest, would otherwise grow past the memory the
-        pool was sized to (many long requests at once)."""
-        budget = 2 * self.pool.nbytes
-        total = sum(lane.nbytes for lane in self.kv_lanes)
-        for lane in sorted(self.kv_lanes, key=lambda lane: lane.nbytes, reverse=True):
-            if total <= budget:
-                break
-            total -= lane.nbytes
-            lane.release()
+        """A pass of a model with no dense linears, all on the onnxruntime graph, each group
+        of rows on decode copies of its own (`passes.graph_passes`), the copies bounded by
+        twice the pool's bytes."""
+        return graph_passes(step, segments, self.pool, self.kv_lanes, 2 * self.pool.nbytes)
 
     def _use_int(self, tokens: int) -> bool:
         """Whether a pass over `tokens` rows runs the packed int kernels: every pass in the
@@ -329,71 +300,6 @@ class ModelRunner:
             rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
             kv_view=kv_view,
         )
-
-
-Split = list[tuple[int, Segment]]  # (index of the caller's segment, the part this pass runs)
-
-
-def split_final_rows(segments: list[Segment]) -> tuple[Split, Split] | None:
-    """The segments as two passes: every token but the last of each segment marked
-    `last_alone` (a prompt's last chunk, whose last token picks the first output token), then
-    those last tokens beside the single-token segments.
-
-    Why: in the fast mode a pass's kernels depend on its size (the int kernels or the
-    onnxruntime graph for a few rows, the dense GEMM for many), so the logits of a prompt's
-    last token would depend on how much of the prompt was computed with it. When the radix
-    cache holds the whole prompt, a repeat of the request recomputes only that token, alone.
-    With the split it is always computed alone (or among decode rows), so both runs give the
-    same logits and K/V; the earlier tokens' K/V come from the same pass in both (the first
-    run's, which the cache kept). Output tokens are computed the same way in both runs, so
-    jump-forward chunks are not split. None when no segment is marked.
-    """
-    if not any(s.last_alone and len(s.token_ids) > 1 for s in segments):
-        return None
-    head: Split = []
-    tail: Split = []
-    for i, seg in enumerate(segments):
-        n = len(seg.token_ids)
-        if seg.last_alone and n > 1:
-            rest = Segment(
-                token_ids=seg.token_ids[:-1],
-                start=seg.start,
-                kv_slots=seg.kv_slots[: seg.end - 1],
-                logits_from=min(seg.logits_from, n - 1),
-            )
-            head.append((i, rest))
-            last = Segment(
-                token_ids=seg.token_ids[-1:],
-                start=seg.end - 1,
-                kv_slots=seg.kv_slots,
-                logits_from=0,
-            )
-            tail.append((i, last))
-        elif n == 1:
-            tail.append((i, seg))
-        else:
-            head.append((i, seg))
-    return head, tail
-
-
-def merge_outputs(count: int, passes: list[tuple[Split, ForwardOutput]]) -> ForwardOutput:
-    """The logits rows of `count` segments run as several passes (in order), each segment's
-    rows from the earlier pass first, as one ForwardOutput."""
-    parts: list[list[torch.Tensor]] = [[] for _ in range(count)]
-    for split, output in passes:
-        for j, (i, _) in enumerate(split):
-            got = output.rows(j)
-            if got is not None:
-                parts[i].append(got)
-    pieces: list[torch.Tensor] = []
-    ranges: list[tuple[int, int]] = []
-    total = 0
-    for own in parts:
-        n = sum(r.shape[0] for r in own)
-        ranges.append((total, total + n))
-        pieces.extend(own)
-        total += n
-    return ForwardOutput(torch.cat(pieces) if pieces else None, ranges)
 
 
 def context_length_of(hf_config: PretrainedConfig, requested: int | None) -> int:

@@ -11,7 +11,7 @@ Two modes, as in SGLang:
   a decode pass, so greedy output with the radix cache on and off can part at near-ties; the
   mode is held to per-token agreement with float32 and a perplexity bound instead. A request
   sent again repeats, though: a prompt's last token is always computed in a pass of single
-  tokens (`model_runner.split_final_rows`), as the repeat whose whole prompt is cached
+  tokens (`passes.split_final_rows`), as the repeat whose whole prompt is cached
   computes it, so the second run gives the first one's tokens.
 - **Deterministic (`enable_deterministic_inference`).** Batch- and pass-invariant numerics:
   greedy output is identical with the cache on and off, alone and batched. With an int file,
