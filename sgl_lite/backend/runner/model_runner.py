@@ -73,7 +73,10 @@ class ModelRunner:
         )
         del quantized
         self.model = _placed(model, self.device, self.format.dense_dtype).eval()
-        if self.model.prepack_dense():
+        # Where every pass runs on the graph there are no dense linears, and a tied head's
+        # prepacked table would be a second copy of the embeddings that nothing reads.
+        every_pass = self.decode_step is not None and self.decode_step.every_pass
+        if not every_pass and self.model.prepack_dense():
             pack_note += "; dense weights in oneDNN's layout"
         for module in self.model.modules():
             if isinstance(module, Attention):
