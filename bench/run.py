@@ -73,6 +73,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="vLLM without torch.compile (its start-up compiles for minutes on 2 cores)",
     )
+    p.add_argument(
+        "--vllm-dtype",
+        default="auto",
+        choices=("auto", "bfloat16", "float32"),
+        help="vLLM's dtype; auto: its best here, bf16 where the CPU has a bf16 GEMM",
+    )
     return p.parse_args(argv)
 
 
@@ -300,6 +306,16 @@ def tight_peer(name: str, args: argparse.Namespace) -> Any:
     return make
 
 
+def vllm_dtype(requested: str) -> str:
+    """The dtype vLLM runs in: `requested`, or for auto its best mode on this CPU (bf16 where
+    oneDNN has a native bf16 GEMM, as a vLLM user there would run it; float32 elsewhere)."""
+    if requested != "auto":
+        return requested
+    from sgl_lite.backend.runner.weights.cpu import cpu_caps
+
+    return "bfloat16" if cpu_caps().fast_bf16 else "float32"
+
+
 def vllm_peer(args: argparse.Namespace, tokenizer: Any, folder: Path | None) -> Any:
     """vLLM's CPU build in `.venv-vllm` (bench/vllm_peer.py), or why it is missing."""
     if args.no_peers:
@@ -309,7 +325,8 @@ def vllm_peer(args: argparse.Namespace, tokenizer: Any, folder: Path | None) -> 
     from bench.vllm_peer import VllmPeer
 
     try:
-        return VllmPeer(args.num_threads, tokenizer, folder, eager=args.vllm_eager)
+        dtype = vllm_dtype(args.vllm_dtype)
+        return VllmPeer(args.num_threads, tokenizer, folder, dtype=dtype, eager=args.vllm_eager)
     except Skipped as exc:
         return str(exc)
     except Exception as exc:

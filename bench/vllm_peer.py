@@ -4,9 +4,10 @@ vLLM pins its own torch and transformers, so it cannot share sgl_lite's venv; `m
 builds `.venv-vllm`, and this class drives vLLM's offline `LLM` API (prefix caching on) there in
 a subprocess over JSON lines. It gets the same token ids as every system (the tokenizer runs
 here) and the embedded model's weights as a float32 folder (`hf_baselines.dense_checkpoint`),
-so vLLM computes on the weights the
-`sgl_lite_float32` row computes on. A missing venv, a failed start or a crash is `Skipped` with
-the reason (the exit status or signal and the end of the worker's stderr).
+so vLLM computes on the weights the `sgl_lite_float32` row computes on, in the dtype
+`bench.run` gives it (`--vllm-dtype`; by default bf16 where the CPU has a bf16 GEMM: its best
+mode there). A missing venv, a failed start or a crash is `Skipped` with the reason (the exit
+status or signal and the end of the worker's stderr).
 """
 
 from __future__ import annotations
