@@ -118,29 +118,12 @@ def test_gemma_graph_is_gemmas_block_with_float_activations(family, monkeypatch)
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_ort_step_matches_the_torch_step_over_ragged_batches_that_shrink(family):
     runner, step = _runner_on_codes(family, **FAMILIES[family])
-    seqs = prefill_random(runner, [5, 40, 17])
-    grown = [(ids, torch.cat([slots[:-1], runner.pool.alloc(12)])) for ids, slots in seqs]
-    snapshot = (runner.pool.k.clone(), runner.pool.v.clone())
-    runs = {}
-    for path in ("torch", "ort"):
-        _start_path(runner, step, snapshot, path)
-        lengths = [len(ids) - 1 for ids, _ in grown]
-        logits, written = [], []
-        for step_no in range(10):
-            # request 1 leaves after 4 steps: the batch shrinks and the copies start afresh
-            active = [i for i in range(3) if not (i == 1 and step_no >= 4)]
-            segments = _decode_segments(grown, lengths, step_no, active)
-            logits.append(runner.forward(segments).logits)
-            new_slots = torch.stack([s.kv_slots[-1] for s in segments])
-            written.append(runner.pool.k[:, new_slots].clone())
-        runs[path] = (logits, written)
-    for (want, want_k), (got, got_k) in zip(zip(*runs["torch"]), zip(*runs["ort"])):
+    for (want, want_k), (got, got_k) in _both_paths(runner, step):
         assert got.shape == want.shape
         # int8 activations in the kernels: close, not equal (measured: 0.3-0.5 % of the largest)
         assert (got - want).abs().max() <= 0.015 * want.abs().max()
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
         assert (got_k - want_k).abs().max() <= 0.015 * want_k.abs().max()
-    runner.decode_step = None
 
 
 def test_one_requests_tokens_in_a_row_match_the_torch_step_and_keep_its_copies():
