@@ -220,9 +220,7 @@ def _decode_step(
     if not why:
         try:
             linears, head = codes or exact_codes(model, kind, quantized)
-            step = OrtDecodeStep.build(
-                model, linears, head, threads, rows, consume=consume
-            )
+            step = OrtDecodeStep.build(model, linears, head, threads, rows, consume=consume)
         except Exception as exc:  # onnxruntime raises its own types; any failure falls back
             why = f"{type(exc).__name__}: {exc}"
             if consume:
