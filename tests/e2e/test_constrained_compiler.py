@@ -34,7 +34,7 @@ pytestmark = pytest.mark.tokenizer
             "not a valid JSON Schema at required",
         ),
         ("json_schema", {"not": {"type": "string"}}, "not supported"),
-        ("json_schema", {"type": "string", "format": "hostname"}, "not supported.*hostname"),
+        ("json_schema", {"type": "string", "format": "duration"}, "not supported.*duration"),
         ("json_schema", {"type": "string", "pattern": "(?<=x)y"}, "json_schema pattern.*lookahead"),
         ("grammar", "x", "must be 'regex', 'json_schema' or 'ebnf'"),
     ],

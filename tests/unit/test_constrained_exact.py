@@ -374,3 +374,59 @@ def test_any_composition_accepts_only_valid_instances_or_is_refused(
     compilers: dict[str, GrammarCompiler], schema: Any
 ) -> None:
     _check(compilers, schema, wide=True)
+
+
+# -- found by the JSON Schema Test Suite (tests/unit/test_schema_test_suite.py) --------------
+
+
+@pytest.mark.timeout(60)
+def test_multiple_of_is_enforced_or_refused_on_an_untyped_or_number_node() -> None:
+    # an untyped multipleOf was written as any value, and `type: number, multipleOf: 1` took 1.5
+    with pytest.raises(GrammarError, match="'multipleOf' at /"):
+        schema_to_regex({"multipleOf": 2})
+    for schema in ({"multipleOf": 1}, {"type": "number", "multipleOf": 1}):
+        regex = schema_to_regex(schema)
+        assert re.fullmatch(regex, "3") and not re.fullmatch(regex, "1.5"), regex
+
+
+@pytest.mark.timeout(60)
+def test_llguidance_refuses_an_integer_past_64_bits_as_a_grammar_error() -> None:
+    compiler = GrammarCompiler(build_tiny_tokenizer(), backend="llguidance")
+    schema = {"type": "integer", "minimum": -(2**64 - 1)}
+    with pytest.raises(GrammarError, match="llguidance"):  # was a bare ValueError
+        compiler.validate("json_schema", schema)
+    with pytest.raises(GrammarError):  # submit never raises: its future fails
+        compiler.submit("json_schema", {**schema, "maximum": 2**64}).result()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("schema", "invalid"),
+    [
+        ({"format": "date-time"}, "2020-01-01T00:00:00Z\n"),  # an untyped node: any value
+        ({"pattern": "^a+$"}, "b"),
+        ({"format": "idn-hostname"}, "a.b."),  # xgrammar's own idn-hostname: a trailing dot
+        ({"type": "string", "format": "regex"}, "(?P<n>a)"),  # Python's syntax, not ECMA-262's
+    ],
+)
+def test_xgrammar_enforces_string_keywords_of_an_untyped_node(schema: dict, invalid: str) -> None:
+    from bench.json_schema_suite import matcher_for
+
+    found = matcher_for(GrammarCompiler(build_tiny_tokenizer(), backend="xgrammar"), schema)
+    assert not isinstance(found, str), found
+    assert not found[1](json.dumps(invalid)), invalid
+
+
+@pytest.mark.timeout(60)
+def test_xgrammar_reads_properties_named_like_keywords_as_properties() -> None:
+    from bench.json_schema_suite import matcher_for
+
+    schema = {
+        "type": "object",
+        "properties": {"items": INT, "format": {"type": "string"}, "minLength": INT},
+        "required": ["items"],
+    }
+    found = matcher_for(GrammarCompiler(build_tiny_tokenizer(), backend="xgrammar"), schema)
+    assert not isinstance(found, str), found
+    assert found[1]('{"items": 1, "format": "a", "minLength": 2}')
+    assert not found[1]('{"items": 1, "type": "array"}')

@@ -72,7 +72,14 @@ STRINGS = [
     "\u00a0",
     "\u2028",
     "ab\n",
+    "\ufeff",
+    "\x85",
 ]
+
+
+# white space to Python's `re` and not to ECMA-262 (JSON Schema's dialect), or back: a `\s` or
+# `\S` writes none of them (string_pattern.ECMA_SPACE)
+DISPUTED_SPACE = set("\x1c\x1d\x1e\x1f\x85\ufeff")
 
 
 def _valid(schema: Any, value: Any) -> bool:
@@ -90,6 +97,9 @@ def _check(pattern: str, value: str) -> None:
     accepted, valid = _accepts(regex, value), _valid(schema, value)
     assert not accepted or valid, f"{pattern!r} accepts {value!r}, which jsonschema rejects"
     whole = re.fullmatch(pattern_body(pattern), value) is not None
+    assert whole or not accepted, f"{pattern!r} accepts {value!r}, which it does not match"
+    if ("\\s" in pattern or "\\S" in pattern) and set(value) & DISPUTED_SPACE:
+        return  # white space to Python, not to ECMA-262 (or back): never written
     assert accepted == whole, f"{pattern!r} on {value!r}: accepted {accepted}, matched {whole}"
     if pattern.startswith("^") and pattern.endswith("$") and not value.endswith("\n"):
         assert accepted == valid, f"{pattern!r} on {value!r}: accepted {accepted}, valid {valid}"
@@ -216,6 +226,8 @@ def test_the_automaton_accepts_exactly_the_strings_the_pattern_matches(
 
     for value in STRINGS:
         whole = re.fullmatch(pattern_body(pattern), value) is not None
+        if "\\S" in pattern and set(value) & DISPUTED_SPACE:
+            whole = False  # white space to ECMA-262 or to Python: never written for `\S`
         assert accepts(value) == whole, (pattern, value)
 
 
@@ -226,3 +238,28 @@ def test_auto_sends_a_pattern_the_automaton_refuses_to_llguidance(
     with pytest.raises(GrammarError, match="'pattern' at /properties/x"):
         compilers["outlines"].plan("json_schema", schema)
     assert compilers["auto"].plan("json_schema", schema)[0] == "llguidance"
+
+
+SPACE_PATTERNS = ["^\\S$", "^\\s$", "^[x\\S]$", "^[x\\s]$", "^[^x\\s]$", "^[^x\\S]$"]
+SPACE_CHARS = "ax \t\u3000\u00a0\ufeff\x85\x1c\x1f"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_white_space_classes_write_what_python_and_ecma_both_match(backend: str) -> None:
+    """`\\s` and `\\S` (llguidance: Rust's, rewritten by string_pattern.ecma_spaces) accept a
+    character only where Python's `re` (the final check) and ECMA-262 (the JSON Schema Test
+    Suite) both match it, and every character they agree on."""
+    from bench.json_schema_suite import matcher_for
+
+    compiler = GrammarCompiler(build_tiny_tokenizer(), backend=backend)
+    for pattern in SPACE_PATTERNS:
+        found = matcher_for(compiler, {"type": "string", "pattern": pattern})
+        assert not isinstance(found, str), found
+        for ch in SPACE_CHARS:
+            accepted = found[1](json.dumps(ch, ensure_ascii=False))
+            matched = re.search(pattern, ch) is not None
+            if ch in DISPUTED_SPACE:
+                assert not accepted, (pattern, ch)
+            else:
+                assert accepted == matched, (pattern, ch, accepted)

@@ -378,3 +378,16 @@ def test_keyword_path_names_the_first_use_with_escapes() -> None:
     assert keyword_path(schema, "uniqueItems") == "/properties/a~1b/items/1"
     assert keyword_path(schema, "format", "iri".__eq__) == "/$defs/f"
     assert keyword_path(schema, "format", "date".__eq__) is None
+
+
+def test_a_count_written_as_an_integral_float_is_that_integer() -> None:
+    # llguidance and xgrammar refused `minLength: 2.0` (the JSON Schema Test Suite's
+    # `*validation with a decimal`); 2.5 is not a count JSON Schema allows, so it stays
+    after = normalize({"type": "string", "minLength": 2.0, "maxLength": 3, "x": 2.0})
+    assert after == {"type": "string", "minLength": 2, "maxLength": 3, "x": 2.0}
+    assert isinstance(after["minLength"], int) and isinstance(after["x"], float)
+    schema = {"type": "array", "minItems": 1.0, "maxItems": 2.0, "items": {"maxLength": 1.0}}
+    after = normalize(schema)
+    assert type(after["maxItems"]) is int and type(after["items"]["maxLength"]) is int
+    for instance in ([], ["a"], ["ab"], ["a", "b"], ["a", "b", "c"], [1.5]):
+        assert _valid(schema, instance) == _valid(after, instance), instance

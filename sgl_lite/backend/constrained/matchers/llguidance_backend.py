@@ -22,6 +22,7 @@ from sgl_lite.backend.constrained.matchers.grammar_mask import text_token_mask, 
 from sgl_lite.backend.constrained.protocols import Constraint
 from sgl_lite.backend.constrained.regex_check import GrammarError
 from sgl_lite.backend.constrained.schema.formats import STRING_FORMATS
+from sgl_lite.backend.constrained.schema.string_pattern import ecma_spaces
 from sgl_lite.backend.constrained.vocab import KeyedCache, vocabulary_for
 
 _JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
@@ -48,7 +49,14 @@ def to_llguidance(kind: str, pattern: Any, *, whitespace: str | None = None) -> 
         if whitespace is not None:
             options = {"whitespace_flexible": True, "whitespace_pattern": whitespace}
         schema = json.loads(pattern) if isinstance(pattern, str) else pattern
-        return LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=options)
+        try:
+            return LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=options)
+        except (ValueError, TypeError, OverflowError) as exc:
+            # NOTE: an integer past 64 bits (a bound of bignum.json in the JSON Schema Test
+            # Suite): refused, where the text form would round it to a float, a wider bound
+            raise GrammarError(
+                f"json_schema is not supported by the llguidance backend: {exc}"
+            ) from None
     if kind == "ebnf":
         if not isinstance(pattern, str):
             raise GrammarError(f"ebnf must be a string, got {type(pattern).__name__}")
@@ -65,8 +73,10 @@ def to_llguidance(kind: str, pattern: Any, *, whitespace: str | None = None) -> 
 _NON_MONOTONE = ("oneOf", "not", "if", "maxContains", "unevaluatedProperties", "unevaluatedItems")
 _OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 # llguidance's own date/time formats admit a leap second at any minute and year 0000, which the
-# final check refuses: written as the automaton's patterns instead (a subset, formats.py)
-_SUBSET_FORMATS = ("date", "time", "date-time")
+# final check refuses, and its hostname any `xn--` label, valid Punycode or not, which the final
+# check passes (the JSON Schema Test Suite's hostname.json): written as the automaton's patterns
+# instead (a subset, formats.py)
+_SUBSET_FORMATS = ("date", "time", "date-time", "hostname")
 
 
 def closed_objects(schema: Any) -> Any:
@@ -99,6 +109,9 @@ def _close(node: Any, names: tuple[str, ...] = (), *, close: bool) -> Any:
     if isinstance(fmt, str) and fmt in _SUBSET_FORMATS and "pattern" not in node:
         del out["format"]
         out["pattern"] = f"^{STRING_FORMATS[fmt]}$"
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and ("\\s" in pattern or "\\S" in pattern):
+        out["pattern"] = ecma_spaces(pattern)  # Rust's `\s` and `\S` are neither ECMA's nor re's
     props = node.get("properties", {})
     if not close or not isinstance(props, dict):
         return out

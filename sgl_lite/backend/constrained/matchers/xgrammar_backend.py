@@ -24,6 +24,12 @@ from sgl_lite.backend.constrained.matchers.grammar_mask import text_token_mask, 
 from sgl_lite.backend.constrained.protocols import Constraint
 from sgl_lite.backend.constrained.regex_check import GrammarError
 from sgl_lite.backend.constrained.schema.formats import STRING_FORMATS
+from sgl_lite.backend.constrained.schema.schema_merge import TYPE_HINTS
+from sgl_lite.backend.constrained.schema.schema_normalize import (
+    ASCII_FORMS,
+    COUNTS,
+    EXTRA_FORMATS,
+)
 from sgl_lite.backend.constrained.vocab import TokenVocabulary
 
 _COMPILERS: dict[int, tuple[Any, Any]] = {}
@@ -101,6 +107,23 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+# what an untyped node's keywords say of its type (the automaton's TYPE_HINTS and the keywords
+# it refuses), and the keywords beside which a node is left untyped
+_TYPE_HINTS = {
+    **TYPE_HINTS,
+    **dict.fromkeys(("multipleOf",), "number"),
+    **dict.fromkeys(("uniqueItems", "contains", "minContains", "maxContains"), "array"),
+    **dict.fromkeys(
+        ("patternProperties", "propertyNames", "dependencies", "dependentRequired"), "object"
+    ),
+    **dict.fromkeys(("dependentSchemas", "unevaluatedProperties"), "object"),
+    "unevaluatedItems": "array",
+}
+_UNTYPED = ("$ref", "anyOf", "oneOf", "allOf", "not", "if", "const", "enum")
+# keywords whose value maps names to schemas (a property may be called `items` or `format`)
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
 def refuse_remote_refs(schema: Any, path: str = "") -> None:
     """GrammarError naming the first `$ref` that is not local (`#...`): xgrammar would read it
     as any value, and the final validation may not fetch it (nothing is downloaded)."""
@@ -120,22 +143,39 @@ def refuse_remote_refs(schema: Any, path: str = "") -> None:
 
 
 def tightened(schema: Any) -> Any:
-    """The schema with two things xgrammar reads loosely made exact: a `format` the automaton
-    knows becomes its `pattern` (xgrammar's ipv4 admits leading zeros, which `jsonschema`
-    refuses), and an `enum` beside a `type` keeps only the values of that type."""
+    """The schema with what xgrammar reads loosely made exact: a `format` the automaton knows
+    (or its ASCII form: `idn-hostname` as `hostname`...) becomes its `pattern` (xgrammar's ipv4
+    admits leading zeros, which `jsonschema` refuses; its idn-hostname a trailing dot, its regex
+    Python's syntax, which `jsonschema` passes), an untyped node whose keywords apply to one
+    type is given that type (xgrammar reads an untyped node as any value), a count written as
+    an integral float (`minLength: 2.0`) is that integer, and an `enum` beside a `type` keeps
+    only the values of that type."""
     if isinstance(schema, list):
         return [tightened(v) for v in schema]
     if not isinstance(schema, dict):
         return schema
     out = {
-        k: v if k in ("enum", "const", "default", "examples") else tightened(v)
+        k: v
+        if k in ("enum", "const", "default", "examples")
+        else {name: tightened(sub) for name, sub in v.items()}
+        if k in _MAPS and isinstance(v, dict)
+        else tightened(v)
         for k, v in schema.items()
     }
     fmt = schema.get("format")
-    if isinstance(fmt, str) and fmt in STRING_FORMATS and "pattern" not in schema:
-        out["pattern"] = f"^{STRING_FORMATS[fmt]}$"
+    fmt = ASCII_FORMS.get(fmt, fmt) if isinstance(fmt, str) else fmt
+    known = {**STRING_FORMATS, **EXTRA_FORMATS}
+    if isinstance(fmt, str) and fmt in known and "pattern" not in schema:
+        out["pattern"] = f"^{known[fmt]}$"
         del out["format"]
-    types = schema.get("type")
+    for key in COUNTS:  # xgrammar refuses `minLength: 2.0`
+        if isinstance(schema.get(key), float) and schema[key].is_integer():
+            out[key] = int(schema[key])
+    hinted = sorted({_TYPE_HINTS[k] for k in schema if k in _TYPE_HINTS})
+    if "type" not in schema and hinted and not any(k in schema for k in _UNTYPED):
+        # NOTE: xgrammar reads an untyped node as any value, whatever else it says
+        out["type"] = hinted[0] if len(hinted) == 1 else hinted
+    types = out.get("type")
     if isinstance(schema.get("enum"), list) and isinstance(types, (str, list)):
         names = [types] if isinstance(types, str) else types
         kinds = tuple(t for n in names if isinstance(n, str) for t in _JSON_TYPES.get(n, ()))

@@ -20,6 +20,10 @@ _OFFSET = "(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 TIME = rf"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9][0-9]?[0-9]?[0-9]?[0-9]?[0-9]?)?{_OFFSET}"
 _OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _LABEL = "([a-z0-9]|[a-z0-9][a-z0-9-]{0,20}[a-z0-9])"
+# NOTE: no "--" anywhere (reserved at a label's 3rd and 4th characters, where `xn--` starts an
+# A-label that must then be valid Punycode), and a last label that starts with a letter
+_HOST = "[a-z0-9]{1,20}(-[a-z0-9]{1,20}){0,2}"
+_TOP = "[a-z][a-z0-9]{0,19}(-[a-z0-9]{1,20}){0,2}"
 
 STRING_FORMATS: dict[str, str] = {
     "date": DATE,
@@ -28,6 +32,7 @@ STRING_FORMATS: dict[str, str] = {
     "email": rf"[a-z0-9]+([._+-][a-z0-9]+){{0,4}}@{_LABEL}(\.{_LABEL}){{0,3}}\.[a-z]{{2,8}}",
     "uuid": "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
     "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
+    "hostname": rf"({_HOST}\.){{0,3}}{_TOP}",
     "uri": rf"https?://{_LABEL}(\.{_LABEL}){{0,4}}(/[A-Za-z0-9._~-]{{1,32}}){{0,8}}/?",
 }
 

@@ -74,6 +74,7 @@ TYPE_HINTS = {
     "maximum": "number",
     "exclusiveMinimum": "number",
     "exclusiveMaximum": "number",
+    "multipleOf": "number",  # refused unless 1, which _number writes as integers
 }
 
 

@@ -32,6 +32,7 @@ restrictions listed below:
 - `minProperties: 1` beside a `required` name is dropped; with listed properties and none
   required it is an `anyOf` requiring one of them (a subset where other names are allowed);
 - `not: {}` / `not: true` is `false` (schema_one_of.never);
+- a count written as an integral float (`minLength: 2.0`) is that integer;
 - a `format` no JSON Schema draft defines (`"datetime"`) is dropped: the specification makes an
   unknown format an annotation, and validators ignore it. Each drop is described in `notes`
   (the response's `constraint_notes`).
@@ -86,6 +87,9 @@ _SEGMENT = "[A-Za-z0-9._~-]+"  # RFC 3986 unreserved characters, no ':' and no '
 URI_REFERENCE = f"/?{_SEGMENT}(/{_SEGMENT})*/?"
 # NOTE: text without regex metacharacters is a regex (matching itself) in every dialect
 REGEX = "[A-Za-z0-9_ -]*"
+# the keywords whose value is a count: an integral float (`2.0`) is the same count (`2`)
+COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties",
+          "minContains", "maxContains")  # fmt: skip
 EXTRA_FORMATS = {"uri-reference": URI_REFERENCE, "regex": REGEX}
 # the internationalized formats, each a superset of its ASCII form (RFC 6531 over RFC 5321,
 # RFC 3987 over RFC 3986, IDNA over RFC 1123 host names): written as the ASCII form, a subset
@@ -206,6 +210,9 @@ class _Normalizer:
         }
 
     def _rewrite(self, node: dict, path: tuple[str, ...]) -> dict:
+        for key in COUNTS:
+            if isinstance(node.get(key), float) and node[key].is_integer():
+                node[key] = int(node[key])  # llguidance refuses `minLength: 2.0`
         fmt = node.get("format")
         if is_unknown_format(fmt):
             del node["format"]

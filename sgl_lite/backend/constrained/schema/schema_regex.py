@@ -235,6 +235,8 @@ class SchemaRegex:
 
     def _number(self, schema: dict, path: str) -> str | None:
         self._no_multiple_of(schema, path)
+        if "multipleOf" in schema:  # multipleOf 1: the integers (1.0 too, not written)
+            return self._integer(schema, path)
         schema = numeric_bounds(schema)
         bounds: dict[str, Fraction] = {}
         for key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):

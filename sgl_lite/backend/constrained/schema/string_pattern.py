@@ -9,12 +9,14 @@ raw. So `^..$` writes two characters, never the two of the one-character text `"
 
 The pattern is read with Python's own parser, the one `jsonschema` matches with, so `.`, a
 class, `\\s` and the negations `\\W`, `\\S`, `\\D` mean what the final check means (Unicode
-tables, built once from `re`). One sound restriction: a `\\d` or `\\w` that adds characters is
-ASCII (`[0-9]`, `[0-9A-Za-z_]`: Unicode's tables bloat the automaton), while one that removes
-them (`\\D`, `[^\\w]`) removes every Unicode digit or word character. What is not simple to
-translate (inline flags, possessive or atomic repeats, an anchor inside the pattern, a class that
-matches nothing) is refused as UnsupportedSchema naming `pattern` and its path, which `auto`
-sends to llguidance. Pure functions over pattern text: no tokenizer.
+tables, built once from `re`). Sound restrictions: a `\\d` or `\\w` that adds characters is
+ASCII (`[0-9]`, `[0-9A-Za-z_]`: Unicode's tables bloat the automaton, and ECMA-262, JSON Schema's
+regex dialect, reads them so), while one that removes them (`\\D`, `[^\\w]`) removes every
+Unicode digit or word character; a `\\s` that adds characters adds those Python and ECMA-262
+both call white space, one that removes them (`\\S`) removes those either does. What is not
+simple to translate (inline flags, possessive or atomic repeats, an anchor inside the pattern, a
+class that matches nothing) is refused as UnsupportedSchema naming `pattern` and its path, which
+`auto` sends to llguidance. Pure functions over pattern text: no tokenizer.
 """
 
 from __future__ import annotations
@@ -136,9 +138,18 @@ def _category(category: Any, *, under: bool) -> Chars:
         return _complement(_category(_POSITIVE[category], under=not under))
     if under and category in _ASCII:
         return _ASCII[category]
-    return _unicode({_c.CATEGORY_DIGIT: r"\d", _c.CATEGORY_WORD: r"\w"}.get(category, r"\s"))
+    if category is _c.CATEGORY_SPACE:  # what both Python and ECMA-262 read as white space
+        python = _unicode(r"\s")
+        return _minus(python, _complement(ECMA_SPACE)) if under else _union([python, ECMA_SPACE])
+    return _unicode({_c.CATEGORY_DIGIT: r"\d", _c.CATEGORY_WORD: r"\w"}[category])
 
 
+# ECMA-262's `\s` (JSON Schema's regex dialect), which differs from Python's: U+FEFF is one,
+# U+001C..U+001F and U+0085 are not
+ECMA_SPACE: Chars = (
+    (0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+    (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF),
+)  # fmt: skip
 _POSITIVE = {
     _c.CATEGORY_NOT_DIGIT: _c.CATEGORY_DIGIT,
     _c.CATEGORY_NOT_WORD: _c.CATEGORY_WORD,
@@ -243,3 +254,43 @@ def _hex(cp: int) -> str:
 
 def _alt(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else "(" + "|".join(parts) + ")"
+
+
+def ecma_spaces(pattern: str) -> str:
+    """`pattern` with each `\\s` and `\\S` spelled as the characters that Python (the final
+    check), ECMA-262 (JSON Schema's dialect) and Rust's `regex` (llguidance's) all read so:
+    `\\s` as the white space all three agree on, `\\S` as what none of them calls white space
+    (U+FEFF, U+0085 and U+001C..U+001F are white space to some and not to others). A subset in
+    every dialect (inside a negated class, where a `\\s` removes characters, it removes every
+    one any dialect calls white space); the result is in Rust's syntax (a class nested in a
+    class for `\\S` inside one)."""
+    python = _unicode(r"\s")
+    rust = _union([ECMA_SPACE, _of(["\x85"])])
+    agreed = "".join(
+        _class_range(lo, hi)
+        for lo, hi in _minus(_minus(python, _complement(ECMA_SPACE)), _complement(rust))
+    )
+    either = "".join(_class_range(lo, hi) for lo, hi in _union([python, ECMA_SPACE, rust]))
+    out, i, where = [], 0, None  # where: None outside a class, else whether it is negated
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            pair, i = pattern[i : i + 2], i + 2
+            if pair == "\\s":
+                out.append(f"[{agreed}]" if where is None else either if where else agreed)
+            elif pair == "\\S":
+                out.append(f"[^{agreed}]" if where else f"[^{either}]")
+            else:
+                out.append(pair)
+            continue
+        if c == "[" and where is None:
+            where = pattern.startswith("^", i + 1)
+        elif c == "]" and where is not None:
+            where = None
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _class_range(lo: int, hi: int) -> str:
+    return _class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}"
