@@ -12,6 +12,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from sgl_lite.common.tokenizer import ChatTokenizer
+
 logger = logging.getLogger("sgl_lite")
 
 # Probe contents: private-use characters, which no template strips as whitespace (`| trim`
@@ -71,7 +73,9 @@ class ChatTemplate:
 
 
 # --- derived from a tokenizer ---------------------------------------------------------------
-def from_tokenizer(tokenizer: Any, name: str = "tokenizer", **template_kwargs: Any) -> ChatTemplate:
+def from_tokenizer(
+    tokenizer: ChatTokenizer, name: str = "tokenizer", **template_kwargs: Any
+) -> ChatTemplate:
     """Derives role markers from `tokenizer.chat_template` by rendering probe messages.
 
     `template_kwargs` reach the template as `apply_chat_template` passes them (e.g.
@@ -120,7 +124,7 @@ class _Probe:
     think block on a final assistant turn) do not leak into the middle of a DSL program.
     """
 
-    def __init__(self, tokenizer: Any, kwargs: dict[str, Any]) -> None:
+    def __init__(self, tokenizer: ChatTokenizer, kwargs: dict[str, Any]) -> None:
         self.tokenizer, self.kwargs = tokenizer, kwargs
         self.bos = getattr(tokenizer, "bos_token", None) or ""
         self.eos = getattr(tokenizer, "eos_token", None) or ""

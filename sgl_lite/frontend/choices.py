@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from sgl_lite.common.sequences import common_prefix_len
+from sgl_lite.common.tokenizer import Tokenizer
 
 
 class ChoicesDecision(NamedTuple):
@@ -236,7 +237,7 @@ class ChoiceTokens(NamedTuple):
 
 
 def choice_tokens(
-    tokenizer: Any, prefix: str, choice: str, prefix_ids: list[int] | None = None
+    tokenizer: Tokenizer, prefix: str, choice: str, prefix_ids: list[int] | None = None
 ) -> ChoiceTokens:
     """Tokenizes prefix+choice together and finds the first token that belongs to the choice.
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
+from sgl_lite.common.tokenizer import ChatTokenizer, Tokenizer
 from sgl_lite.server.bridge import EngineBridge
 from sgl_lite.server.openai.tools import chat_messages, chat_prompt, plan_tools
 from sgl_lite.server.protocol import (
@@ -114,7 +115,7 @@ def add_tokenizer_routes(app: FastAPI, bridge: EngineBridge, *, max_body_bytes: 
         return JsonResponse({"text": text, "prompt": text})
 
 
-def tokenizer_info(tokenizer: Any, max_model_len: int) -> dict[str, Any]:
+def tokenizer_info(tokenizer: Tokenizer, max_model_len: int) -> dict[str, Any]:
     """vLLM's `GET /tokenizer_info` body: the tokenizer's `init_kwargs` as JSON (file paths left
     out), `tokenizer_class`, the special tokens as text (`eos_token`, `bos_token`, `pad_token`,
     `unk_token`; null when unset), the `chat_template` chat requests are rendered with (null
@@ -146,7 +147,7 @@ def _json_value(value: Any) -> Any:
     return content if isinstance(content, str) else str(value)
 
 
-def _render(tokenizer: Any, req: TokenizeRequest) -> str:
+def _render(tokenizer: ChatTokenizer, req: TokenizeRequest) -> str:
     plan = plan_tools(req.tools, req.tool_choice, True)
     try:
         return chat_prompt(

@@ -50,6 +50,7 @@ from sgl_lite.backend.scheduler.output_processor import OutputProcessor
 from sgl_lite.backend.scheduler.sampler import Sampler
 from sgl_lite.backend.scheduler.scheduler import Scheduler
 from sgl_lite.backend.types import FinishReason, ForwardOutput, OutputSink, Req, ReqOutput, Segment
+from sgl_lite.common.tokenizer import Tokenizer
 
 logger = logging.getLogger("sgl_lite")
 
@@ -73,7 +74,7 @@ class Engine:
         model_path: str | EngineConfig | None = None,
         *,
         runner: Runner | None = None,
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
         **kwargs: Any,
     ) -> None:
         self.config = config = build_config(model_path, kwargs)
@@ -276,7 +277,7 @@ class Engine:
         self._worker.wake()
 
     # --- loop thread ------------------------------------------------------------------------
-    def _setup(self, runner: Runner | None, tokenizer: Any) -> None:
+    def _setup(self, runner: Runner | None, tokenizer: Tokenizer | None) -> None:
         """Loads the model (unless given) and builds the parts that run it; on the loop thread.
         A failure stops the engine (every later request would find no model) and is raised."""
         try:
@@ -285,7 +286,7 @@ class Engine:
             self._stopped = True
             raise
 
-    def _load(self, runner: Runner | None, tokenizer: Any) -> None:
+    def _load(self, runner: Runner | None, tokenizer: Tokenizer | None) -> None:
         config = self.config
         self.model_folder, runner, tokenizer = load_model(config, runner, tokenizer)
         self.tokenizer = tokenizer

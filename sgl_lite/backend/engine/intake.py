@@ -23,6 +23,7 @@ from sgl_lite.backend.sampling_params import SamplingParams
 from sgl_lite.backend.scheduler import custom_logits
 from sgl_lite.backend.scheduler.logprobs import LogprobState
 from sgl_lite.backend.types import Req
+from sgl_lite.common.tokenizer import Tokenizer
 
 _rid_counter = itertools.count()
 
@@ -38,7 +39,7 @@ class RequestBuilder:
     def __init__(
         self,
         config: EngineConfig,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         *,
         vocab_size: int,
         context_length: int,

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from sgl_lite.backend.config import EngineConfig
+from sgl_lite.common.tokenizer import Tokenizer
 
 logger = logging.getLogger("sgl_lite")
 
@@ -43,7 +44,9 @@ def configure_logging(level: str) -> None:
         logger.addHandler(handler)
 
 
-def load_model(config: EngineConfig, runner: Any, tokenizer: Any) -> tuple[Path | None, Any, Any]:
+def load_model(
+    config: EngineConfig, runner: Any, tokenizer: Tokenizer | None
+) -> tuple[Path | None, Any, Tokenizer]:
     """(model folder, runner, tokenizer): whichever of runner and tokenizer is None is loaded
     from `config.model_path` (tokenizer overrides: `tokenizer_path`, `chat_template`)."""
     if runner is not None and tokenizer is not None:
@@ -61,7 +64,7 @@ def load_model(config: EngineConfig, runner: Any, tokenizer: Any) -> tuple[Path 
     return folder, runner or ModelRunner(folder, config), tokenizer
 
 
-def eos_token_ids(runner: Any, tokenizer: Any) -> set[int]:
+def eos_token_ids(runner: Any, tokenizer: Tokenizer) -> set[int]:
     """The ids that end a generation: the model config's `eos_token_id` (one or a list) and the
     tokenizer's own."""
     ids = getattr(getattr(runner, "hf_config", None), "eos_token_id", None)

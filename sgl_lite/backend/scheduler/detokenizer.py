@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from sgl_lite.backend.sampling_params import SamplingParams, compile_stop_regex
+from sgl_lite.common.tokenizer import Tokenizer
 
 # Checkpoints kept for `rewind`; jump-forward replaces at most its retokenize window (32
 # tokens), and each checkpoint covers at least one token.
@@ -62,7 +63,7 @@ class StopMatch(NamedTuple):
 class IncrementalDetokenizer:
     """One request's output text, its stop strings and stop regexes."""
 
-    def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
+    def __init__(self, tokenizer: Tokenizer, params: SamplingParams) -> None:
         self.tokenizer = tokenizer
         self._backend_decode = backend_decoder(tokenizer)
         self.skip_special_tokens = params.skip_special_tokens

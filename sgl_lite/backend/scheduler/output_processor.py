@@ -16,12 +16,13 @@ from sgl_lite.backend.constrained.jump_forward import apply_jump_forward, plan_j
 from sgl_lite.backend.scheduler.detokenizer import IncrementalDetokenizer
 from sgl_lite.backend.scheduler.logprobs import TokenLogprobs
 from sgl_lite.backend.types import FinishReason, Req, ReqOutput, Sample
+from sgl_lite.common.tokenizer import Tokenizer
 
 
 class OutputProcessor:
     """Per-request bookkeeping after each forward pass."""
 
-    def __init__(self, tokenizer: Any, eos_token_ids: set[int], jump_forward: bool) -> None:
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: set[int], jump_forward: bool) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.jump_forward = jump_forward

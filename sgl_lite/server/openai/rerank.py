@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, StrictBool, StrictInt, StrictStr
 
 from sgl_lite.backend.engine.inputs import GenerateInput
+from sgl_lite.common.tokenizer import ChatTokenizer, Tokenizer
 from sgl_lite.server.bridge import EngineBridge
 from sgl_lite.server.compat import refuse_unknown
 from sgl_lite.server.openai.completions import model_checker
@@ -201,7 +202,7 @@ def check_request(req: RerankRequest, *, zero_means_all: bool) -> None:
         )
 
 
-def rerank_prompts(tokenizer: Any, req: RerankRequest) -> list[str]:
+def rerank_prompts(tokenizer: ChatTokenizer, req: RerankRequest) -> list[str]:
     """Each document's prompt: the chat template around the judge's question, the answer's
     turn opened; the instruction (if given) and the query come first, so every prompt shares
     them. (On the embedded 135M model this wording ranked best of three tried.)"""
@@ -223,7 +224,7 @@ def rerank_prompts(tokenizer: Any, req: RerankRequest) -> list[str]:
     return prompts
 
 
-def answer_ids(tokenizer: Any) -> tuple[list[int], list[int]]:
+def answer_ids(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
     """The first token of each spelling of "yes" and of "no" (a 501 where they share one)."""
     yes = _first_tokens(tokenizer, YES)
     no = _first_tokens(tokenizer, NO)
@@ -236,7 +237,7 @@ def answer_ids(tokenizer: Any) -> tuple[list[int], list[int]]:
     return yes, no
 
 
-def _first_tokens(tokenizer: Any, words: tuple[str, ...]) -> list[int]:
+def _first_tokens(tokenizer: Tokenizer, words: tuple[str, ...]) -> list[int]:
     ids: list[int] = []
     for word in words:
         tokens = tokenizer.encode(word, add_special_tokens=False)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sgl_lite.backend.config import TOOL_CALL_PARSERS
+from sgl_lite.common.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ _TEMPLATE_HINTS = (
 )
 
 
-def template_text(tokenizer: Any) -> str:
+def template_text(tokenizer: Tokenizer | None) -> str:
     """The tokenizer's chat template source ("" without one; named templates joined)."""
     template = getattr(tokenizer, "chat_template", None) or ""
     if isinstance(template, dict):
@@ -133,7 +134,7 @@ def detect_format(template: str) -> ToolFormat:
     return FORMATS["hermes"]
 
 
-def resolve_format(parser: str, tokenizer: Any, renders_tools: bool) -> ToolFormat:
+def resolve_format(parser: str, tokenizer: Tokenizer | None, renders_tools: bool) -> ToolFormat:
     """The format for `--tool-call-parser NAME`; "auto" reads the template (ValueError on an
     unknown name)."""
     if parser not in TOOL_CALL_PARSERS:

@@ -33,6 +33,7 @@ from typing import Any, Literal, NamedTuple
 import jsonschema
 from pydantic import BaseModel
 
+from sgl_lite.common.tokenizer import ChatTokenizer, Tokenizer
 from sgl_lite.server.openai.tool_formats import (
     FORMATS,
     ToolFormat,
@@ -281,7 +282,7 @@ def regex_literal(text: str) -> str:
 
 
 # --- the prompt ------------------------------------------------------------------------------
-def template_renders_tools(tokenizer: Any) -> bool:
+def template_renders_tools(tokenizer: Tokenizer | None) -> bool:
     """Whether the tokenizer's chat template reads a `tools` variable."""
     return "tools" in template_text(tokenizer)
 
@@ -299,7 +300,7 @@ def chat_messages(messages: list[Any]) -> list[dict[str, Any]]:
 
 
 def chat_prompt(
-    tokenizer: Any,
+    tokenizer: ChatTokenizer,
     messages: list[dict[str, Any]],
     plan: ToolPlan,
     add_generation_prompt: bool = True,
