@@ -245,3 +245,22 @@ def test_models_the_graph_does_not_build_keep_the_torch_step_and_say_why(change,
     assert why is not None and reason in why
     with pytest.raises(ValueError, match="cannot run this model"):
         OrtDecodeStep.build(model, {}, None, threads=1, max_rows=4)  # type: ignore[arg-type]
+
+
+def test_one_set_of_decode_copies_is_held_at_a_time():
+    """Decode batches the graph takes run on its float32 copies, larger ones on the torch
+    step's: whichever ran last holds copies, the other's are freed (they may be large)."""
+    runner, step = _runner_on_codes()
+    step.max_rows = 2
+    runner.decode_kv = DecodeKV(runner.pool)
+    runner.step_kv = DecodeKV(runner.pool, torch.float32)
+    runner.decode_step = step
+    seqs = prefill_random(runner, [4, 6, 5])
+    grown = [(ids, torch.cat([slots[:-1], runner.pool.alloc(4)])) for ids, slots in seqs]
+    lengths = [len(ids) - 1 for ids, _ in grown]
+    held = []
+    for step_no, active in enumerate([[0, 1], [0, 1, 2], [0, 1]]):
+        runner.forward(_decode_segments(grown, lengths, step_no, active))
+        held.append((runner.step_kv.nbytes > 0, runner.decode_kv.nbytes > 0))
+    runner.decode_step = None
+    assert held == [(True, False), (False, True), (True, False)]

@@ -151,11 +151,9 @@ class ModelRunner:
         if step is not None and step_kv is not None and step.takes(segments):
             stepped = step.run(segments, self.pool, step_kv)
             if stepped is not None:
-                if decode_kv is not None:
+                if decode_kv is not None and decode_kv.nbytes:
                     decode_kv.release()  # one set of copies at a time: they may be large
                 return stepped
-        if step_kv is not None and step_kv.nbytes:
-            step_kv.release()
         input_ids = torch.tensor(
             [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device
         )
@@ -233,6 +231,9 @@ class ModelRunner:
         extends = [i for i, s in enumerate(segments) if len(s.token_ids) > 1]
         decode_kv = getattr(self, "decode_kv", None)  # absent on runners built around a model
         kv_view = decode_kv.plan(segments) if decode_kv is not None else None
+        step_kv = getattr(self, "step_kv", None)
+        if kv_view is not None and step_kv is not None and step_kv.nbytes:
+            step_kv.release()  # one set of copies at a time: a decode batch the graph does not take
         groups = tuple(
             self._group(
                 [segments[i] for i in members], [offsets[i] for i in members], offsets[-1], kv_view
