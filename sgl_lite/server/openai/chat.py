@@ -26,6 +26,7 @@ from sgl_lite.server.openai.completions import (
     model_checker,
 )
 from sgl_lite.server.openai.guided import (
+    ANY_OBJECT,
     Constraint,
     body_constraint,
     given_constraints,
@@ -44,7 +45,7 @@ from sgl_lite.server.openai.tools import (
 from sgl_lite.server.protocol import ApiError, ChatCompletionRequest, JsonResponse, parse, read_json
 
 _IMPLEMENTED = set(ChatCompletionRequest.model_fields)
-ANY_OBJECT_SCHEMA = json.dumps({"type": "object"})
+ANY_OBJECT_SCHEMA = ANY_OBJECT  # response_format json_object's schema
 
 
 def add_chat_routes(
@@ -200,11 +201,15 @@ def _check_prefill(req: ChatCompletionRequest) -> bool:
 
 def _constraint(req: ChatCompletionRequest, plan: ToolPlan) -> Constraint:
     """The constraint from response_format, a forced tool call, or the body's SGLang / vLLM
-    constraint fields (guided.py); a 400 naming them when more than one is set."""
+    constraint fields (guided.py); a 400 naming them when more than one is set.
+
+    A required or named tool_choice beside a response_format is the tool call: the format is
+    for an answer in text, which a forced call leaves out (OpenAI and vLLM answer so; DSPy's
+    JSONAdapter sends both when a caller forces its native tool calls)."""
     fmt = req.response_format
     forced = plan.mode in ("required", "named")
     require_one(
-        (["response_format"] if fmt is not None and fmt.type != "text" else [])
+        (["response_format"] if fmt is not None and fmt.type != "text" and not forced else [])
         + given_constraints(req)
         + (["tool_choice"] if forced else [])
     )
