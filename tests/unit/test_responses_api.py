@@ -343,6 +343,23 @@ def test_function_call_outputs_continue_a_tool_call_response(client, engine):
     assert prompt.index('<tool_call>\n{"name": "get_weather"') < prompt.index("-3 C")
 
 
+def test_a_forced_tool_call_beside_a_text_format_is_the_tool_call(client, engine):
+    """As on the chat route (and OpenAI's): the format is for text answers, which a forced call
+    leaves out; the constraint sent is the tool call's, not the format's."""
+    answer(engine, f"[{CALL}]")
+    reply = client.responses.create(
+        model="fake",
+        input="Oslo?",
+        tools=[WEATHER],
+        tool_choice="required",
+        text={"format": {"type": "json_object"}},
+    )
+    [call] = reply.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    sent = json.loads(engine.requests[-1]["params"]["json_schema"])
+    assert sent != json.loads(ANY_OBJECT_SCHEMA) and "get_weather" in json.dumps(sent)
+
+
 def test_stored_responses_are_read_back_deleted_and_bounded(client, engine, url):
     answer(engine, "one", "two", "three", "four", "five", "six")
     first = client.responses.create(model="fake", input="1")
@@ -397,14 +414,6 @@ def test_streamed_responses_are_stored_when_they_finish(client, engine):
         ({"model": "gpt-4o"}, "model"),
         ({"tools": [{**WEATHER, "parameters": {"type": "array"}}]}, "tools[0].parameters"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
-        (
-            {
-                "tools": [WEATHER],
-                "tool_choice": "required",
-                "text": {"format": {"type": "json_object"}},
-            },
-            "text.format",
-        ),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
             "input[0].content[0]",

@@ -253,16 +253,11 @@ def _plan(req: ResponsesRequest, setup: ToolSetup) -> ToolPlan:
 
 def _constraint(req: ResponsesRequest, plan: ToolPlan) -> Constraint:
     """The json_schema sampling param from text.format or a forced tool call, and the field an
-    engine refusal of it names."""
+    engine refusal of it names. A required or named tool_choice beside a text.format is the
+    tool call, as on the chat route: the format is for an answer in text, which a forced call
+    leaves out (the Agents SDK sends both for an agent with an output_type and a forced tool)."""
     fmt = req.text.format if req.text is not None else None
     forced = plan.mode in ("required", "named")
-    if forced and fmt is not None and fmt.type != "text":
-        raise ApiError(
-            400,
-            "give one of text.format and a required or named tool_choice: each sets the "
-            "output's format",
-            param="text.format",
-        )
     if forced:
         tool = constraint(plan)
         field = tool.field and _CHAT_TOOL_FIELD.sub(r"tools[\1].", tool.field)
