@@ -5,6 +5,8 @@ server info. Their agreement with float32 is in tests/model/test_weight_formats.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from sgl_lite.backend.engine import Engine
@@ -22,14 +24,23 @@ def _prompts(tokenizer) -> list[str]:
     return [chat_prompt(tokenizer, SHARED + q) for q in QUESTIONS]
 
 
-def test_the_fast_default_repeats_a_request_token_for_token(smollm_tokenizer):
-    prompts = _prompts(smollm_tokenizer)
+@pytest.fixture(scope="module")
+def fast_engine() -> Iterator[Engine]:
+    """One engine in the default (fast) mode for this module's fast-mode tests; each starts
+    from an empty cache."""
     with Engine(num_threads=NUM_THREADS, max_total_tokens=4096) as engine:
-        fmt = engine.runner.format
-        assert not fmt.deterministic and fmt.int_kind == "int4", fmt.describe()
-        first = engine.generate(prompts[0], GREEDY)["output_ids"]
-        assert engine.flush_cache()
-        again = engine.generate(prompts[0], GREEDY)["output_ids"]
+        yield engine
+
+
+def test_the_fast_default_repeats_a_request_token_for_token(fast_engine, smollm_tokenizer):
+    prompts = _prompts(smollm_tokenizer)
+    engine = fast_engine
+    assert engine.flush_cache()
+    fmt = engine.runner.format
+    assert not fmt.deterministic and fmt.int_kind == "int4", fmt.describe()
+    first = engine.generate(prompts[0], GREEDY)["output_ids"]
+    assert engine.flush_cache()
+    again = engine.generate(prompts[0], GREEDY)["output_ids"]
     assert again == first
 
 
@@ -45,17 +56,20 @@ REPEATS = [
 ]
 
 
-def test_the_fast_default_repeats_a_request_whose_prompt_the_cache_holds(smollm_tokenizer):
+def test_the_fast_default_repeats_a_request_whose_prompt_the_cache_holds(
+    fast_engine, smollm_tokenizer
+):
     """Sent twice, the second time with the whole prompt cached (only its last token is
     computed again): the same tokens for every prompt. Before the runner computed that token
     the same way both times, and the graph's decode copies kept what the pool keeps, 3 of
     these 8 repeated."""
     prompts = [chat_prompt(smollm_tokenizer, SHARED + q) for q in REPEATS]
     greedy = {**GREEDY, "max_new_tokens": 24}
-    with Engine(num_threads=NUM_THREADS, max_total_tokens=4096) as engine:
-        assert not engine.runner.format.deterministic
-        first = [engine.generate(p, greedy) for p in prompts]
-        again = [engine.generate(p, greedy) for p in prompts]
+    engine = fast_engine
+    assert engine.flush_cache()  # the first sends are computed, not found in the cache
+    assert not engine.runner.format.deterministic
+    first = [engine.generate(p, greedy) for p in prompts]
+    again = [engine.generate(p, greedy) for p in prompts]
     assert all(
         o["meta_info"]["cached_tokens"] == o["meta_info"]["prompt_tokens"] - 1 for o in again
     )

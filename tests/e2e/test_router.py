@@ -19,7 +19,7 @@ import pytest
 import sglang_router  # noqa: F401  (the `cluster` extra; `make test` installs it: no skip)
 
 import sgl_lite as sgl
-from tests.support.processes import ENV, running
+from tests.support.processes import ENV, running_many
 from tests.support.server import free_port
 
 WORKER_FLAGS = ("--max-total-tokens", "4096", "--num-threads", "1", "--log-level", "warning")
@@ -72,9 +72,12 @@ def router(*workers: str) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    with contextlib.ExitStack() as stack:
-        workers = [stack.enter_context(running(*WORKER_FLAGS)) for _ in range(2)]
-        url = stack.enter_context(router(*(w.url for w in workers)))
+    """Two workers behind one router: (the router's URL, the workers). The workers start
+    together, so their start-ups overlap."""
+    with (
+        running_many([WORKER_FLAGS, WORKER_FLAGS]) as workers,
+        router(*(w.url for w in workers)) as url,
+    ):
         yield url, workers
 
 

@@ -26,20 +26,11 @@ from sgl_lite.backend.runner.model_loader import (
 from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.types import Segment
-from tests.support.gguf_files import write_gguf
-from tests.support.tiny import build_tiny_tokenizer
+from tests.support.gguf_files import TINY_GGUF, write_gguf
 
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+# Conversions go to each test's own folder (tests/conftest.py), never the user's cache.
+pytestmark = pytest.mark.usefixtures("private_cache")
+
 # Longer than the Gemma cases' sliding window (8), so the window is exercised.
 PROMPT = "The capital of France is Paris, a city in France. Q: Best pet?\nA: a dog and a cat"
 
@@ -117,24 +108,12 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    """Conversions go to the test's own folder, never the user's cache."""
-    monkeypatch.setenv("SGL_LITE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tiny_tokenizer()
-
-
 def _model(case: Case, tokenizer, seed: int = 0):
     """A tiny random model; its norms random too, in steps of 1/64 so that llama.cpp's `1 + w`
     (Gemma) gives `w` back exactly in float32, and q/k scaled up so attention is far from
     uniform (a wrong RoPE then moves the logits well past the tolerance)."""
     torch.manual_seed(seed)
-    config = case.config_cls(**{**TINY, "vocab_size": len(tokenizer), **case.overrides})
+    config = case.config_cls(**{**TINY_GGUF, "vocab_size": len(tokenizer), **case.overrides})
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -161,18 +140,18 @@ def _prefill_logits(folder, ids: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_gguf_of_the_family_loads_the_original_weights_and_logits(tmp_path, tokenizer, name):
+def test_gguf_of_the_family_loads_the_original_weights_and_logits(tmp_path, tiny_tokenizer, name):
     case = CASES[name]
-    model = _model(case, tokenizer)
+    model = _model(case, tiny_tokenizer)
     gguf_file = tmp_path / f"tiny-{name}.gguf"
     state = write_gguf(
-        gguf_file, model, tokenizer, architecture=case.arch, quantize_linears=case.quant
+        gguf_file, model, tiny_tokenizer, architecture=case.arch, quantize_linears=case.quant
     )
     original = {k: v for k, v in model.state_dict().items() if k in state}
     if case.quant is None:  # the file holds the original weights exactly
         assert all(torch.equal(state[k], original[k].float()) for k in original)
     model.load_state_dict(state, strict=False)  # the file's weights (Q8_0 rounded)
-    ids = tokenizer.encode(PROMPT)
+    ids = tiny_tokenizer.encode(PROMPT)
     want = _logits(model, ids)
 
     # (a) the writer is right: transformers' own GGUF loader computes the original model
@@ -195,14 +174,18 @@ def test_gguf_of_the_family_loads_the_original_weights_and_logits(tmp_path, toke
     assert (_prefill_logits(folder, ids) - want).abs().max() <= 1e-4
 
 
-def test_phi3s_fused_linears_have_no_codes_and_the_rest_do(tmp_path, tokenizer):
+def test_phi3s_fused_linears_have_no_codes_and_the_rest_do(tmp_path, tiny_tokenizer):
     """The int kernels fuse q/k/v and gate/up from their parts; Phi-3's file holds them fused,
     so they are read dense and only o/down (and a quantized head) come as codes: the fast mode
     then runs the dense GEMM (no int-kernel format in the file)."""
     case = CASES["phi3-q8_0"]
     gguf_file = tmp_path / "phi3.gguf"
     state = write_gguf(
-        gguf_file, _model(case, tokenizer), tokenizer, architecture="phi3", quantize_linears="Q8_0"
+        gguf_file,
+        _model(case, tiny_tokenizer),
+        tiny_tokenizer,
+        architecture="phi3",
+        quantize_linears="Q8_0",
     )
     folder = resolve_model_path(gguf_file)
     codes = read_quantized(gguf_file, load_config(folder))
@@ -216,12 +199,14 @@ def test_phi3s_fused_linears_have_no_codes_and_the_rest_do(tmp_path, tokenizer):
 
 @pytest.mark.parametrize("arch", ["gemma", "phi2"])
 def test_a_gguf_of_a_family_we_do_not_read_is_refused_naming_the_supported_list(
-    tmp_path, tokenizer, private_cache, arch
+    tmp_path, tiny_tokenizer, private_cache, arch
 ):
     gguf_file = tmp_path / f"{arch}.gguf"
     torch.manual_seed(0)
-    config = LlamaConfig(**{**TINY, "vocab_size": len(tokenizer)})
-    write_gguf(gguf_file, AutoModelForCausalLM.from_config(config), tokenizer, architecture=arch)
+    config = LlamaConfig(**{**TINY_GGUF, "vocab_size": len(tiny_tokenizer)})
+    write_gguf(
+        gguf_file, AutoModelForCausalLM.from_config(config), tiny_tokenizer, architecture=arch
+    )
     supported = ", ".join(GGUF_ARCHITECTURES)
     with pytest.raises(ModelLoadError, match=f"architecture '{arch}'.*{supported}"):
         resolve_model_path(gguf_file)

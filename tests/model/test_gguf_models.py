@@ -25,39 +25,19 @@ from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.types import Segment
 from tests.support import NUM_THREADS
-from tests.support.gguf_files import write_gguf
+from tests.support.gguf_files import TINY_GGUF, write_gguf
 from tests.support.tiny import build_tiny_tokenizer
 
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+# Conversions go to each test's own folder (tests/conftest.py), never the user's cache.
+pytestmark = pytest.mark.usefixtures("private_cache")
+
 PROMPTS = ("The capital of France is", "Q: Best pet?\nA:", "Say: hello, a dog and a cat")
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    """Conversions go to the test's own folder, never the user's cache."""
-    monkeypatch.setenv("SGL_LITE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tiny_tokenizer()
-
-
 def _model(config_cls, tokenizer, seed: int = 0, **overrides):
     torch.manual_seed(seed)
-    config = config_cls(**{**TINY, "vocab_size": len(tokenizer), **overrides})
+    config = config_cls(**{**TINY_GGUF, "vocab_size": len(tokenizer), **overrides})
     return AutoModelForCausalLM.from_config(config).eval()
 
 
@@ -109,12 +89,12 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_gguf_file_loads_like_the_same_weights_from_safetensors(tmp_path, tokenizer, case):
+def test_gguf_file_loads_like_the_same_weights_from_safetensors(tmp_path, tiny_tokenizer, case):
     config_cls, arch, quant, overrides = CASES[case]
-    model = _model(config_cls, tokenizer, **overrides)
+    model = _model(config_cls, tiny_tokenizer, **overrides)
     gguf_file = tmp_path / f"tiny-{case}.gguf"
-    state = write_gguf(gguf_file, model, tokenizer, architecture=arch, quantize_linears=quant)
-    folder = _save_folder(tmp_path / "st", model, state, tokenizer)
+    state = write_gguf(gguf_file, model, tiny_tokenizer, architecture=arch, quantize_linears=quant)
+    folder = _save_folder(tmp_path / "st", model, state, tiny_tokenizer)
 
     converted = resolve_model_path(gguf_file)
     assert not list(converted.glob("*.safetensors"))  # weights are read from the file itself
@@ -124,20 +104,22 @@ def test_gguf_file_loads_like_the_same_weights_from_safetensors(tmp_path, tokeni
         assert torch.equal(weights[name], tensor), name
     assert load_config(converted).model_type == arch
 
-    ids = tokenizer.encode(PROMPTS[0] + " Paris is a city in France.")
+    ids = tiny_tokenizer.encode(PROMPTS[0] + " Paris is a city in France.")
     ours, theirs = _prefill_logits(converted, ids), _prefill_logits(folder, ids)
     assert (ours - theirs).abs().max() <= 1e-4
     for disable in (False, True):
-        assert _greedy(gguf_file, tokenizer, disable) == _greedy(folder, tokenizer, disable)
+        assert _greedy(gguf_file, tiny_tokenizer, disable) == _greedy(
+            folder, tiny_tokenizer, disable
+        )
 
 
 @pytest.mark.parametrize(("kind", "bits"), [("Q8_0", 8), ("Q4_0", 4), ("Q4_1", 4)])
 def test_quantized_codes_of_a_written_gguf_are_exactly_its_converted_weights(
-    tmp_path, tokenizer, kind, bits
+    tmp_path, tiny_tokenizer, kind, bits
 ):
-    model = _model(LlamaConfig, tokenizer, tie_word_embeddings=False)
+    model = _model(LlamaConfig, tiny_tokenizer, tie_word_embeddings=False)
     gguf_file = tmp_path / f"tiny-{kind}.gguf"
-    state = write_gguf(gguf_file, model, tokenizer, quantize_linears=kind)
+    state = write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears=kind)
     converted = resolve_model_path(gguf_file)
     assert gguf_source(converted) == gguf_file.resolve()
     codes = read_quantized(gguf_file, load_config(converted))
@@ -146,8 +128,8 @@ def test_quantized_codes_of_a_written_gguf_are_exactly_its_converted_weights(
         assert torch.equal(weight.dequantize(), state[name]), name
 
 
-def test_tokenizer_and_chat_template_come_from_the_file(tmp_path, tokenizer):
-    model = _model(LlamaConfig, tokenizer)
+def test_tokenizer_and_chat_template_come_from_the_file(tmp_path, tiny_tokenizer):
+    model = _model(LlamaConfig, tiny_tokenizer)
     template = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
     custom = build_tiny_tokenizer()
     custom.chat_template = template
@@ -160,16 +142,16 @@ def test_tokenizer_and_chat_template_come_from_the_file(tmp_path, tokenizer):
     loaded = load_tokenizer(converted)
     assert loaded.chat_template == template
     text = "What is the capital of France? <|im_end|>"
-    assert loaded.encode(text) == tokenizer.encode(text)
+    assert loaded.encode(text) == tiny_tokenizer.encode(text)
     assert (loaded.bos_token, loaded.eos_token) == ("<|im_start|>", "<|im_end|>")
 
 
-def test_a_rewritten_gguf_is_converted_again(tmp_path, tokenizer):
+def test_a_rewritten_gguf_is_converted_again(tmp_path, tiny_tokenizer):
     gguf_file = tmp_path / "tiny.gguf"
-    first = write_gguf(gguf_file, _model(LlamaConfig, tokenizer, seed=0), tokenizer)
+    first = write_gguf(gguf_file, _model(LlamaConfig, tiny_tokenizer, seed=0), tiny_tokenizer)
     folder_a = resolve_model_path(gguf_file)
     # same size, same header: only the weights (and the mtime) differ
-    second = write_gguf(gguf_file, _model(LlamaConfig, tokenizer, seed=1), tokenizer)
+    second = write_gguf(gguf_file, _model(LlamaConfig, tiny_tokenizer, seed=1), tiny_tokenizer)
     stat = gguf_file.stat()
     os.utime(gguf_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     folder_b = resolve_model_path(gguf_file)
@@ -181,10 +163,10 @@ def test_a_rewritten_gguf_is_converted_again(tmp_path, tokenizer):
     assert gguf_source(folder_b) == gguf_file.resolve()
 
 
-def test_a_q4_gguf_feeds_its_codes_to_the_int4_kernels(tmp_path, tokenizer, caplog):
-    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+def test_a_q4_gguf_feeds_its_codes_to_the_int4_kernels(tmp_path, tiny_tokenizer, caplog):
+    model = _model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
-    write_gguf(gguf_file, model, tokenizer, quantize_linears="Q4_0")
+    write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
     with (
         caplog.at_level(logging.INFO, logger="sgl_lite"),
         Engine(
@@ -194,7 +176,7 @@ def test_a_q4_gguf_feeds_its_codes_to_the_int4_kernels(tmp_path, tokenizer, capl
             quantization="int4",
         ) as engine,
     ):
-        out = engine.generate(input_ids=tokenizer.encode(PROMPTS[0]), sampling_params=GREEDY)
+        out = engine.generate(input_ids=tiny_tokenizer.encode(PROMPTS[0]), sampling_params=GREEDY)
     assert len(out["output_ids"]) == GREEDY["max_new_tokens"]
     # 2 layers x (fused qkv, o, fused gate_up, down), every one packed from the file's codes
     assert "packed 8 linears (8 from the file's codes)" in caplog.text
@@ -202,19 +184,19 @@ def test_a_q4_gguf_feeds_its_codes_to_the_int4_kernels(tmp_path, tokenizer, capl
 
 @pytest.mark.parametrize("arch", ["gpt2", "phi2"])
 def test_a_gguf_of_an_architecture_we_do_not_run_is_refused_by_name(
-    tmp_path, tokenizer, private_cache, arch
+    tmp_path, tiny_tokenizer, private_cache, arch
 ):
     gguf_file = tmp_path / f"{arch}.gguf"
-    write_gguf(gguf_file, _model(LlamaConfig, tokenizer), tokenizer, architecture=arch)
+    write_gguf(gguf_file, _model(LlamaConfig, tiny_tokenizer), tiny_tokenizer, architecture=arch)
     with pytest.raises(ModelLoadError, match=f"{arch}.gguf.*architecture '{arch}'.*llama, mistral"):
         Engine(model_path=str(gguf_file), num_threads=NUM_THREADS, max_total_tokens=64)
     assert not (private_cache / "models").exists()  # refused before any conversion work
 
 
 @pytest.mark.parametrize("keep", [0, 3, 200, -100])
-def test_a_truncated_or_corrupt_gguf_is_refused_naming_the_file(tmp_path, tokenizer, keep):
+def test_a_truncated_or_corrupt_gguf_is_refused_naming_the_file(tmp_path, tiny_tokenizer, keep):
     whole = tmp_path / "whole.gguf"
-    write_gguf(whole, _model(LlamaConfig, tokenizer), tokenizer)
+    write_gguf(whole, _model(LlamaConfig, tiny_tokenizer), tiny_tokenizer)
     data = whole.read_bytes()
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(data[:keep] if keep >= 0 else data[:keep])
@@ -222,9 +204,9 @@ def test_a_truncated_or_corrupt_gguf_is_refused_naming_the_file(tmp_path, tokeni
         resolve_model_path(broken)
 
 
-def test_a_folder_with_several_ggufs_and_no_config_asks_for_one(tmp_path, tokenizer):
+def test_a_folder_with_several_ggufs_and_no_config_asks_for_one(tmp_path, tiny_tokenizer):
     for name in ("a.gguf", "b.gguf"):
-        write_gguf(tmp_path / name, _model(LlamaConfig, tokenizer), tokenizer)
+        write_gguf(tmp_path / name, _model(LlamaConfig, tiny_tokenizer), tiny_tokenizer)
     with pytest.raises(ModelLoadError, match="2 .gguf files.*a.gguf, b.gguf"):
         resolve_model_path(tmp_path)
 
@@ -257,7 +239,7 @@ Q4_K_M = {
 
 
 def test_a_k_quant_file_runs_its_own_codes_in_the_decode_step(
-    tmp_path, tokenizer, caplog, monkeypatch
+    tmp_path, tiny_tokenizer, caplog, monkeypatch
 ):
     """A Q4_K_M-like file (Q4_K beside Q6_K, fused q/k/v of both) loads like the same weights
     from safetensors, and its decode step runs the file's codes exactly: 4-bit in groups of 32
@@ -267,9 +249,9 @@ def test_a_k_quant_file_runs_its_own_codes_in_the_decode_step(
 
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "1")  # dense linears for long passes
 
-    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+    model = _model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4_k_m.gguf"
-    state = write_gguf(gguf_file, model, tokenizer, random_blocks=Q4_K_M)
+    state = write_gguf(gguf_file, model, tiny_tokenizer, random_blocks=Q4_K_M)
     converted = resolve_model_path(gguf_file)
     weights = load_state_dict(converted, load_config(converted))
     for name, tensor in state.items():  # the reader dequantizes what write_gguf wrote
@@ -297,7 +279,7 @@ def test_a_k_quant_file_runs_its_own_codes_in_the_decode_step(
     fused_qkv = torch.cat([state[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
     assert torch.equal(linears["0.self_attn.qkv_proj"].dequantize(), fused_qkv)
     assert (linears["0.mlp.gate_up_proj"].bits, linears["0.mlp.down_proj"].group) == (4, 16)
-    ids = tokenizer.encode(PROMPTS[1])
+    ids = tiny_tokenizer.encode(PROMPTS[1])
     decoded = []
     for each in (runner, reference):
         slots = each.pool.alloc(len(ids))
@@ -312,7 +294,7 @@ def test_a_k_quant_file_runs_its_own_codes_in_the_decode_step(
 
 
 def test_the_decode_step_runs_the_files_codes_where_torchs_int_kernels_lose(
-    tmp_path, tokenizer, monkeypatch
+    tmp_path, tiny_tokenizer, monkeypatch
 ):
     """Where torch's int kernels lose to the dense GEMM (they are dropped for the short
     passes), decode steps still run the file's codes as one onnxruntime graph."""
@@ -320,9 +302,9 @@ def test_the_decode_step_runs_the_files_codes_where_torchs_int_kernels_lose(
 
     monkeypatch.setattr(choose, "_choose", lambda *args: "dense is faster (forced by the test)")
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "1")  # the path that keeps dense linears
-    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+    model = _model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
-    write_gguf(gguf_file, model, tokenizer, quantize_linears="Q4_0")
+    write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
     config = EngineConfig(max_total_tokens=256, device="cpu", num_threads=NUM_THREADS)
     runner = ModelRunner(resolve_model_path(gguf_file), config)
     assert runner.format.int_kind is None and "forced by the test" in runner.format.reason
@@ -345,7 +327,7 @@ def _segments(pool, prompts: list[list[int]]) -> list[tuple[Segment, Segment]]:
 
 @pytest.mark.parametrize(("quant", "lanes_kept"), [("Q4_0", True), ("Q8_0", True), ("Q4_0", False)])
 def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
-    tmp_path, tokenizer, monkeypatch, quant, lanes_kept
+    tmp_path, tiny_tokenizer, monkeypatch, quant, lanes_kept
 ):
     """With the file's codes as the only copy, prefill chunks (one request at a time), mixed
     passes and decode rows in several groups all run on the onnxruntime graph, and compute
@@ -358,9 +340,9 @@ def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
         monkeypatch.setattr(KVPool, "nbytes", property(lambda self: 1))
 
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "0")
-    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+    model = _model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / f"tiny-{quant}.gguf"
-    write_gguf(gguf_file, model, tokenizer, quantize_linears=quant)
+    write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears=quant)
     folder = resolve_model_path(gguf_file)
     runner = ModelRunner(folder, EngineConfig(max_total_tokens=512, device="cpu"))
     assert "no dense copy" in runner.format.reason and runner.format.int_max_rows is None
@@ -369,7 +351,7 @@ def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
     dense = EngineConfig(max_total_tokens=512, device="cpu", quantization="none", dtype="float32")
     reference = ModelRunner(folder, dense)
     runner.decode_step.max_rows = 2  # five decode rows: three groups, each on its own copies
-    prompts = [tokenizer.encode(p + " " * i) for i, p in enumerate(PROMPTS + PROMPTS[:2])]
+    prompts = [tiny_tokenizer.encode(p + " " * i) for i, p in enumerate(PROMPTS + PROMPTS[:2])]
     got, want = [], []
     for each, rows in ((runner, got), (reference, want)):
         pairs = _segments(each.pool, prompts)
@@ -392,7 +374,7 @@ def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
 
 @pytest.mark.parametrize("dense_linears", ["1", "0"])
 def test_a_decode_step_giving_nan_at_load_is_never_used(
-    tmp_path, tokenizer, monkeypatch, dense_linears
+    tmp_path, tiny_tokenizer, monkeypatch, dense_linears
 ):
     """The onnxruntime step is probed at load: non-finite logits drop it for the torch step
     where dense linears exist, and refuse the load where the codes are the only copy."""
@@ -405,9 +387,9 @@ def test_a_decode_step_giving_nan_at_load_is_never_used(
 
     monkeypatch.setattr(ort_step.OrtDecodeStep, "_run", nan_logits)
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, dense_linears)
-    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+    model = _model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
-    write_gguf(gguf_file, model, tokenizer, quantize_linears="Q4_0")
+    write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
     folder = resolve_model_path(gguf_file)
     config = EngineConfig(max_total_tokens=256, device="cpu", num_threads=NUM_THREADS)
     if dense_linears == "0":
@@ -416,14 +398,14 @@ def test_a_decode_step_giving_nan_at_load_is_never_used(
         return
     runner = ModelRunner(folder, config)
     assert runner.decode_step is None and runner.pool.num_free == 256
-    ids = tokenizer.encode(PROMPTS[0])
+    ids = tiny_tokenizer.encode(PROMPTS[0])
     slots = runner.pool.alloc(len(ids))
     seg = Segment(token_ids=ids, start=0, kv_slots=slots, logits_from=len(ids) - 1)
     assert torch.isfinite(runner.forward([seg]).logits).all()
 
 
 def test_without_dense_linears_a_greedy_request_sent_again_repeats(
-    tmp_path, tokenizer, monkeypatch
+    tmp_path, tiny_tokenizer, monkeypatch
 ):
     """Every pass on the graph: the second run of each prompt hits the radix cache (its
     prompt is computed in other passes than the first time) and gives the same tokens, alone
@@ -431,10 +413,10 @@ def test_without_dense_linears_a_greedy_request_sent_again_repeats(
     from sgl_lite.backend.runner.weights import choose
 
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "0")
-    model = _model(LlamaConfig, tokenizer, hidden_size=256, intermediate_size=512)
+    model = _model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
-    write_gguf(gguf_file, model, tokenizer, quantize_linears="Q4_0")
-    ids = [tokenizer.encode(p) for p in PROMPTS]
+    write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
+    ids = [tiny_tokenizer.encode(p) for p in PROMPTS]
     with Engine(model_path=str(gguf_file), num_threads=NUM_THREADS, max_total_tokens=512) as engine:
         assert "no dense copy" in engine.runner.format.reason
         first = [o["output_ids"] for o in engine.generate(input_ids=ids, sampling_params=GREEDY)]

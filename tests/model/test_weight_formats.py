@@ -4,6 +4,7 @@ the engine can choose agrees with float32, and impossible requests are clear err
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from sgl_lite.backend.runner.weights.formats import resolve_format
 from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.runner.weights.packing import pack_model
 from sgl_lite.backend.types import Segment
+from tests.support.gguf_files import name_tables_built_once
 from tests.support.tiny import TINY_LLAMA
 
 # A fixed natural text for perplexity (no repetition, so the figure means something).
@@ -90,8 +92,9 @@ def test_embedded_gguf_tensors_are_exactly_transformers_dequantisation(smollm_fo
     config = load_config(smollm_folder)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    state = load_gguf_checkpoint(str(source), return_tensors=True, model_to_load=model)["tensors"]
-    state = {name: torch.as_tensor(tensor).float() for name, tensor in state.items()}
+    with name_tables_built_once():
+        loaded = load_gguf_checkpoint(str(source), return_tensors=True, model_to_load=model)
+    state = {name: torch.as_tensor(tensor).float() for name, tensor in loaded["tensors"].items()}
     codes = read_quantized(source, config)
     layer_linears = [n for n in codes if n.startswith("model.layers.")]
     assert len(layer_linears) == 7 * 30 and {codes[n].bits for n in layer_linears} == {4}
@@ -294,15 +297,34 @@ def test_deterministic_mode_runs_int_kernels_only_where_they_are_row_invariant(s
             _runner(smollm_folder, enable_deterministic_inference=True)
 
 
+class Float32Reference(NamedTuple):
+    """The embedded model in float32 on the two texts of the mode tests: a 64-token prompt and
+    PPL_TEXT, with the reference's logits of the first and perplexity of the second."""
+
+    prompt: list[int]
+    logits: torch.Tensor
+    text: list[int]
+    perplexity: float
+
+
+@pytest.fixture(scope="module")
+def float32_reference(smollm_folder, smollm_tokenizer) -> Float32Reference:
+    """Float32Reference, computed once for both modes (each prefill, whole)."""
+    reference = _runner(smollm_folder, dtype="float32", quantization="none")
+    prompt = smollm_tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)[:64]
+    text = smollm_tokenizer.encode(PPL_TEXT)
+    ppl = _perplexity(_logits(reference, text, chunk=len(text)), text)
+    return Float32Reference(prompt, _logits(reference, prompt, chunk=64), text, ppl)
+
+
 @pytest.mark.e2e  # runs SmolLM2 itself (no `engine` fixture tells the tier)
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
 def test_embedded_model_matches_float32_top1_and_perplexity_in_both_modes(
-    smollm_folder, smollm_tokenizer, deterministic
+    smollm_folder, float32_reference, deterministic
 ):
     """The default (fast) mode and the deterministic one, both on the file's Q4_1 codes, agree
     with float32 on >= 63 of 64 next tokens and within 1 % of its perplexity, on the passes
     that run the int kernels (decode) and on those that do not (a prefill, in the fast mode)."""
-    reference = _runner(smollm_folder, dtype="float32", quantization="none")
     ours_runner = _runner(smollm_folder, enable_deterministic_inference=deterministic)
     fmt = ours_runner.format
     assert fmt.int_kind == "int4", fmt.describe()  # the file's own Q4_1
@@ -310,15 +332,13 @@ def test_embedded_model_matches_float32_top1_and_perplexity_in_both_modes(
     assert kept is not deterministic  # the fast mode keeps the dense weights for long passes
     assert fmt.runs_int(1) and fmt.runs_int(64) is deterministic
 
-    prompt = smollm_tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)[:64]
-    ref = _logits(reference, prompt, chunk=64)
+    prompt, ref, text, ppl_ref = float32_reference
+    assert len(prompt) == 64 and ref.shape[0] == 64
     for chunk in (64, 1):  # one prefill, then decode steps
         ours = _logits(ours_runner, prompt, chunk)
         agree = (ours.argmax(-1) == ref.argmax(-1)).sum().item()
         assert agree >= 63, f"chunk {chunk}: top-1 agreement {agree}/64 ({fmt.describe()})"
 
-    text = smollm_tokenizer.encode(PPL_TEXT)
-    ppl_ref = _perplexity(_logits(reference, text, chunk=len(text)), text)
     for chunk in (len(text), 1):  # one prefill; decode steps
         ppl = _perplexity(_logits(ours_runner, text, chunk), text)
         assert abs(ppl / ppl_ref - 1) <= 0.01, f"chunk {chunk}: ppl {ppl:.3f} vs {ppl_ref:.3f}"

@@ -11,7 +11,8 @@ uses a conftest fixture, never another test module.
 - `smollm`: SmolLM2's tokenizer outside a fixture, chat prompts.
 - `constrained`, `constraints`: model-free decode loops on SmolLM2's tokenizer, and the
   schemas and grammars several constrained-decoding test modules share.
-- `tools`, `chat_templates`, `gguf_files`: tool definitions, real chat templates, GGUF writing.
+- `tools`, `chat_templates`, `gguf_files`: tool definitions, real chat templates, GGUF writing
+  and the GGUF tests' tiny shapes (`TINY_GGUF`; their `private_cache` is a conftest fixture).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ FIXTURE_TIERS = {
     "engine": "e2e",
     "hf_smollm": "e2e",
 }
-PROCESS_HELPERS = (processes.running, processes.launch, processes.ENV)
+PROCESS_HELPERS = (processes.running, processes.running_many, processes.launch, processes.ENV)
 TESTS = Path(__file__).resolve().parents[1]
 
 
