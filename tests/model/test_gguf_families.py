@@ -174,10 +174,10 @@ def test_gguf_of_the_family_loads_the_original_weights_and_logits(tmp_path, tiny
     assert (_prefill_logits(folder, ids) - want).abs().max() <= 1e-4
 
 
-def test_phi3s_fused_linears_have_no_codes_and_the_rest_do(tmp_path, tiny_tokenizer):
-    """The int kernels fuse q/k/v and gate/up from their parts; Phi-3's file holds them fused,
-    so they are read dense and only o/down (and a quantized head) come as codes: the fast mode
-    then runs the dense GEMM (no int-kernel format in the file)."""
+def test_phi3s_fused_linears_come_as_codes_and_run_on_the_int_kernels(tmp_path, tiny_tokenizer):
+    """Phi-3's file holds q/k/v and gate/up fused, as our model does: they come as codes under
+    the fused names (exactly the file's weights), so the fast mode runs the file's own codes,
+    decode steps on the onnxruntime graph, within rounding of the float32 model."""
     case = CASES["phi3-q8_0"]
     gguf_file = tmp_path / "phi3.gguf"
     state = write_gguf(
@@ -190,11 +190,24 @@ def test_phi3s_fused_linears_have_no_codes_and_the_rest_do(tmp_path, tiny_tokeni
     folder = resolve_model_path(gguf_file)
     codes = read_quantized(gguf_file, load_config(folder))
     layers = {k.split(".", 3)[3] for k in codes if k.startswith("model.layers.")}
-    assert layers == {"self_attn.o_proj.weight", "mlp.down_proj.weight"}
+    fused = {"self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"}
+    assert layers == fused | {"self_attn.o_proj.weight", "mlp.down_proj.weight"}
     for key, weight in codes.items():
         assert torch.equal(weight.dequantize(), state[key]), key
     runner = ModelRunner(folder, EngineConfig(max_total_tokens=128, device="cpu"))
-    assert runner.format.int_kind is None, runner.format.describe()
+    assert runner.format.int_kind == "int8", runner.format.describe()
+    assert runner.decode_step is not None, runner.format.describe()
+    ids = tiny_tokenizer.encode(PROMPT)
+    want = _prefill_logits(folder, ids)  # float32, no int kernels
+    slots = runner.pool.alloc(len(ids))
+    got = []
+    for n in range(len(ids)):  # one token at a time: every pass a decode step on the graph
+        seg = Segment(token_ids=[ids[n]], start=n, kv_slots=slots[: n + 1], logits_from=0)
+        assert runner.decode_step.takes([seg])
+        got.append(runner.forward([seg]).logits)
+    got_logits = torch.cat(got)
+    assert (got_logits - want).abs().max() <= 0.02 * want.abs().max()
+    assert (got_logits.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
 
 
 @pytest.mark.parametrize("arch", ["gemma", "phi2"])

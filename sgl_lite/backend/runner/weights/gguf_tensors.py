@@ -10,8 +10,7 @@ projections (its RoPE pairs adjacent dimensions, HF's pairs halves; no other arc
 and stores every Gemma 2/3 RMSNorm weight as `1 + w` (read back minus 1). Names differ by
 architecture: Gemma 2/3's `ffn_norm` is the norm before the MLP (Llama's is the one after
 attention), and Phi-3 keeps its q/k/v and gate/up fused (`attn_qkv`, `ffn_up`), as its HF
-checkpoint does; those two are read dense only (their codes would need splitting into the parts
-the int kernels fuse), so a Phi-3 file runs on the dense GEMM.
+checkpoint and our model do: their codes are the fused linears' codes as they stand.
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ _GEMMA_NORMS = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 _ARCH_LAYER_OTHERS = {"gemma2": _GEMMA_NORMS, "gemma3": _GEMMA_NORMS}
-# Fused linears (Phi-3): read dense, never as codes (see the module docstring).
+# Linears a file holds fused (Phi-3), under the fused parameter's name.
 _ARCH_FUSED = {"phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
 # Architectures whose RMSNorm weights llama.cpp stores as 1 + w (every `*norm.weight`).
 NORM_SHIFTED = ("gemma", "gemma2", "gemma3")
@@ -72,12 +71,14 @@ _F32, _F16, _BF16 = 0, 1, 30  # ggml type ids of the plain float tensors
 
 def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
     """`blk.3.ffn_up.weight` → `model.layers.3.mlp.up_proj.weight` (linear weights and the
-    embedding / head only, in `architecture`'s names); None for other tensors, and for fused
-    linears (Phi-3's `attn_qkv`, `ffn_up`), which are read dense."""
+    embedding / head only, in `architecture`'s names; a fused linear by its fused name, Phi-3's
+    `attn_qkv` → `self_attn.qkv_proj`); None for other tensors."""
     parts = gguf_name.split(".")
-    fused = len(parts) == 4 and parts[2] in _ARCH_FUSED.get(architecture, {})
-    if parts[-1] != "weight" or fused:
+    if parts[-1] != "weight":
         return None
+    fused = _ARCH_FUSED.get(architecture, {})
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in fused:
+        return f"model.layers.{parts[1]}.{fused[parts[2]]}.weight"
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.weight"
     if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
@@ -391,7 +392,7 @@ def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffin
 
     q/k rows are un-permuted exactly when transformers' GGUF loader un-permutes them: for files
     whose `general.architecture` is "llama" (llama.cpp permutes Llama and Mistral, not Qwen2,
-    Phi-3 or Gemma). Phi-3's fused q/k/v and gate/up have no codes here (read dense).
+    Phi-3 or Gemma). Phi-3's fused q/k/v and gate/up come as the fused linears' codes.
     """
     header = read_header(path)
     out: dict[str, GroupAffine] = {}

@@ -118,8 +118,11 @@ def _file_parts(
     quantized: dict[str, GroupAffine], layer: int, name: str, bits: int | None
 ) -> list[GroupAffine] | None:
     """The file's own codes of fused linear `name`'s parts in `layer` (`bits` wide, or of any
-    width for None), or None where the file lacks any of them."""
-    parts = [quantized.get(f"model.layers.{layer}.{p}.weight") for p in FUSED_PARTS[name]]
+    width for None), or None where the file lacks any of them. A file that holds the linear
+    fused already (Phi-3's q/k/v and gate/up) gives it as its one part."""
+    whole = quantized.get(f"model.layers.{layer}.{name}.weight")
+    names = (name,) if whole is not None else FUSED_PARTS[name]
+    parts = [quantized.get(f"model.layers.{layer}.{p}.weight") for p in names]
     if all(p is not None and bits in (None, p.bits) for p in parts):
         return parts  # type: ignore[return-value]
     return None
@@ -180,7 +183,7 @@ def exact_codes(
         # each), rounded from the float weights only where the file has none.
         affine = _file_codes(quantized, i, name, None)
         if consume:
-            for part in FUSED_PARTS[name]:
+            for part in (name, *FUSED_PARTS[name]):
                 quantized.pop(f"model.layers.{i}.{part}.weight", None)
         if affine is None:
             weight = linear.weight.detach()
