@@ -314,8 +314,9 @@ def _shapes(shapes: dict) -> list[str]:
         table(shapes),
         "",
         "Every file here has more than 512 MB of linears once dense, so sgl_lite runs it from "
-        "the file's codes alone (docs/models.md): every pass on the onnxruntime graph, or, for "
-        "Gemma's block, one `MatMulNBits` session per linear beside torch. Where its decode "
+        "the file's codes alone (docs/models.md): every pass on the onnxruntime graph (Gemma's "
+        "block too since its rows were re-measured; the other rows are an earlier run's, each "
+        "row's two systems from one run). Where its decode "
         "trails, onnxruntime's profile puts ~96 % of the step in `MatMulNBits`; its prefill "
         "trails where the int8-activation GEMM at 512 rows is slower than a dense bf16 one "
         "(`SGL_LITE_DENSE_LINEARS=1` keeps a dense copy for it, at ~2 bytes a weight).",
