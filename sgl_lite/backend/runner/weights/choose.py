@@ -23,7 +23,7 @@ from transformers import PretrainedConfig
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.runner.model_loader import ModelLoadError, gguf_source
 from sgl_lite.backend.runner.ort_step import OrtDecodeStep, unsupported
-from sgl_lite.backend.runner.weights import onednn, ort_nbits
+from sgl_lite.backend.runner.weights import ort_nbits
 from sgl_lite.backend.runner.weights.cpu import CpuCaps, cpu_caps, rows_invariant, time_kernels
 from sgl_lite.backend.runner.weights.formats import (
     WeightFormat,
@@ -53,12 +53,11 @@ logger = logging.getLogger("sgl_lite")
 MAX_KERNEL_ERROR = 0.05
 # Set to 1 to keep the fast mode's decode steps on the torch path (the onnxruntime step's A/B).
 DISABLE_ORT_STEP_ENV = "SGL_LITE_DISABLE_ORT_STEP"
-# The most requests one onnxruntime decode step takes: its groups where every pass runs on it.
+# The most requests one onnxruntime decode step takes (its groups where every pass runs on
+# it). Measured beside the dense weights in oneDNN's layout (SmolLM2, ctx 128, AVX512-BF16
+# EPYC, 2 threads, quiet, `python -m bench.profile_step`; graph vs torch): 8 rows 21.7 vs
+# 30.6 ms, 16 rows 39.7 vs 40.8, 32 rows 64.7 vs 61.0: the graph up to 16, torch above.
 ORT_STEP_MAX_ROWS = 16
-# ... and where the dense weights run from oneDNN's bf16/fp16 layout, which wins above this
-# (SmolLM2 decode step, A/B in one process, AVX512-BF16 EPYC, 2 threads, graph vs torch:
-# 4 rows 16.7 vs 18.4 ms, 8 rows 30.3 vs 29.7, 16 rows 50.6 vs 42.3).
-ORT_STEP_ROWS_BESIDE_ONEDNN = 8
 # 1: keep dense float copies of a GGUF file's quantized linears beside their codes; 0: never;
 # unset: where they pay (`codes_only_linears`).
 DENSE_LINEARS_ENV = "SGL_LITE_DENSE_LINEARS"
@@ -181,9 +180,7 @@ def prepare_weights(
         return PreparedWeights(fmt, note)
     # The decode step runs the file's own codes whether or not torch's int kernels beat the
     # dense GEMM for the other short passes (the whole step as one graph is what wins there).
-    beside_onednn = onednn.why_not_dtype(fmt.dense_dtype) is None
-    rows = ORT_STEP_ROWS_BESIDE_ONEDNN if beside_onednn else ORT_STEP_MAX_ROWS
-    step, step_note = _decode_step(model, kind, quantized, threads, codes, rows=rows)
+    step, step_note = _decode_step(model, kind, quantized, threads, codes)
     # In the format's reason, so the start-up line and /get_server_info say which step runs.
     return PreparedWeights(replace(fmt, reason=fmt.reason + step_note), note, step)
 
@@ -210,7 +207,6 @@ def _decode_step(
     threads: int,
     codes: tuple[dict[str, GroupAffine], GroupAffine] | None = None,
     consume: bool = False,
-    rows: int = ORT_STEP_MAX_ROWS,
 ) -> tuple[OrtDecodeStep | None, str]:
     """The fast mode's whole decode step on onnxruntime, or None and why not (logged);
     `codes` are `exact_codes`' answer where the caller has it, emptied by the build where
@@ -220,7 +216,9 @@ def _decode_step(
     if not why:
         try:
             linears, head = codes or exact_codes(model, kind, quantized)
-            step = OrtDecodeStep.build(model, linears, head, threads, rows, consume=consume)
+            step = OrtDecodeStep.build(
+                model, linears, head, threads, ORT_STEP_MAX_ROWS, consume=consume
+            )
         except Exception as exc:  # onnxruntime raises its own types; any failure falls back
             why = f"{type(exc).__name__}: {exc}"
             if consume:
