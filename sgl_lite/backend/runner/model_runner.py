@@ -158,10 +158,11 @@ class ModelRunner:
             [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device
         )
         meta = self._metadata(segments, self._use_int(len(input_ids)))
+        if step_kv is not None and step_kv.nbytes and decode_kv is not None and decode_kv.nbytes:
+            step_kv.release()  # one set of copies at a time: a decode batch the graph does not take
         try:
             hidden = self.model(input_ids, meta, self.pool)  # (T, hidden)
         except BaseException:
-            decode_kv = getattr(self, "decode_kv", None)
             if decode_kv is not None:
                 decode_kv.reset()  # its copies may be half-updated
             raise
@@ -231,9 +232,6 @@ class ModelRunner:
         extends = [i for i, s in enumerate(segments) if len(s.token_ids) > 1]
         decode_kv = getattr(self, "decode_kv", None)  # absent on runners built around a model
         kv_view = decode_kv.plan(segments) if decode_kv is not None else None
-        step_kv = getattr(self, "step_kv", None)
-        if kv_view is not None and step_kv is not None and step_kv.nbytes:
-            step_kv.release()  # one set of copies at a time: a decode batch the graph does not take
         groups = tuple(
             self._group(
                 [segments[i] for i in members], [offsets[i] for i in members], offsets[-1], kv_view

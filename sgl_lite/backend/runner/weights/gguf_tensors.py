@@ -5,31 +5,36 @@ form (`gguf_blocks`: Q4_0/1, Q5_0/1, Q8_0, Q2_K to Q6_K) as codes, scales and of
 dequantized; `read_dense` gives every tensor the model needs as float32 (norms, biases,
 embeddings, and linears the caller does not take as codes), dequantized one tensor at a time so
 no float32 copy of the whole file ever exists. What llama.cpp's converter changed, both readers
-undo exactly as transformers' GGUF loader does: it permutes the rows of a Llama model's q/k
-projections (its RoPE pairs adjacent dimensions, HF's pairs halves; no other architecture's),
-and stores every Gemma 2/3 RMSNorm weight as `1 + w` (read back minus 1). Names differ by
-architecture: Gemma 2/3's `ffn_norm` is the norm before the MLP (Llama's is the one after
-attention), and Phi-3 keeps its q/k/v and gate/up fused (`attn_qkv`, `ffn_up`), as its HF
-checkpoint and our model do: their codes are the fused linears' codes as they stand.
+undo: it permutes the rows of the q/k projections of the families whose llama.cpp RoPE pairs
+adjacent dimensions (HF's pairs halves): Llama and Granite (its converter is Llama's), no other
+architecture's; and it stores every Gemma (1, 2, 3) RMSNorm weight as `1 + w` (read back
+minus 1). Names differ by architecture: Gemma 2/3's `ffn_norm` is the norm before the MLP
+(Llama's is the one after attention), OLMo 2 has only post-norms (`post_attention_norm`,
+`post_ffw_norm`), and Phi-3 keeps its q/k/v and gate/up fused (`attn_qkv`, `ffn_up`), as its
+HF checkpoint and our model do: their codes are the fused linears' codes as they stand. The
+header parser is `gguf_header`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import mmap
-import os
-import struct
 from collections.abc import Container
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from transformers import PretrainedConfig
 
 from sgl_lite.backend.runner.weights import gguf_blocks
+from sgl_lite.backend.runner.weights.gguf_header import (
+    GGUFFormatError,
+    GGUFHeader,
+    TensorInfo,
+    read_header,
+    tensor_bytes,
+)
 from sgl_lite.backend.runner.weights.quant import GroupAffine
 
 # GGUF tensor name (after "blk.{i}.") → transformers name (after "model.layers.{i}.")
@@ -57,11 +62,18 @@ _GEMMA_NORMS = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
-_ARCH_LAYER_OTHERS = {"gemma2": _GEMMA_NORMS, "gemma3": _GEMMA_NORMS}
+_OLMO2_NORMS = {
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_ARCH_LAYER_OTHERS = {"gemma2": _GEMMA_NORMS, "gemma3": _GEMMA_NORMS, "olmo2": _OLMO2_NORMS}
 # Linears a file holds fused (Phi-3), under the fused parameter's name.
 _ARCH_FUSED = {"phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
 # Architectures whose RMSNorm weights llama.cpp stores as 1 + w (every `*norm.weight`).
 NORM_SHIFTED = ("gemma", "gemma2", "gemma3")
+# Architectures whose q/k rows llama.cpp's converter permutes for its RoPE (`LlamaModel.permute`:
+# Llama and its subclass Granite; Qwen, Phi-3, Gemma and OLMo 2 use the NeoX pairing as HF does).
+ROPE_PERMUTED = ("llama", "granite")
 # Tensors a file may carry that hold no weights: llama.cpp's RoPE factors (Llama 3's
 # `rope_freqs`: RoPE is computed from the config, as transformers does; Phi-3's long/short
 # factors: read into the config when it is converted, `model_loader`).
@@ -111,183 +123,10 @@ def _unpermute_rows(rows: int, n_head: int) -> torch.Tensor:
     return index.view(n_head, rows // n_head // 2, 2).transpose(1, 2).reshape(rows)
 
 
-# GGUF metadata value types with a fixed size: type id → struct format
-_SCALARS = {
-    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
-    12: "<d",
-}  # fmt: skip
-_STRING, _ARRAY = 8, 9
-_MAX_DIMS = 8  # ggml's GGML_MAX_DIMS is 4; anything far above is a corrupt header
-
-
-class GGUFFormatError(ValueError):
-    """A file that is not a complete GGUF: bad magic, a corrupt header or truncated tensor data."""
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """One tensor's entry in the header: dims innermost first, as GGUF lists them."""
-
-    name: str
-    dims: tuple[int, ...]
-    type_id: int
-    offset: int  # from the start of the data section
-
-
-@dataclass(frozen=True)
-class GGUFHeader:
-    """The parsed header of a GGUF file: scalar and string metadata, tensor entries, and where
-    the tensor data starts. Array metadata (the vocabulary) is skipped, not decoded."""
-
-    metadata: dict[str, Any]
-    tensors: tuple[TensorInfo, ...]
-    data_start: int
-    header_digest: str  # sha256 of the header bytes: changes whenever metadata or layout does
-
-    @property
-    def architecture(self) -> str:
-        """`general.architecture` (e.g. "llama", "qwen2"); "" when the file names none."""
-        return str(self.metadata.get("general.architecture", ""))
-
-
-class _Cursor:
-    """Reads little-endian GGUF header fields from a memory-mapped file, bounds-checked."""
-
-    def __init__(self, data: mmap.mmap | bytes) -> None:
-        self.data, self.pos = data, 0
-
-    def unpack(self, fmt: str) -> Any:
-        size = struct.calcsize(fmt)
-        if self.pos + size > len(self.data):
-            raise GGUFFormatError("the header ends early (file truncated?)")
-        (value,) = struct.unpack_from(fmt, self.data, self.pos)
-        self.pos += size
-        return value
-
-    def string(self) -> str:
-        n = self.unpack("<Q")
-        if self.pos + n > len(self.data):
-            raise GGUFFormatError("a header string runs past the end of the file")
-        self.pos += n
-        return bytes(self.data[self.pos - n : self.pos]).decode("utf-8", errors="replace")
-
-    def value(self, kind: int) -> Any:
-        """One metadata value; arrays are skipped (None), everything else is returned."""
-        if kind in _SCALARS:
-            return self.unpack(_SCALARS[kind])
-        if kind == _STRING:
-            return self.string()
-        if kind != _ARRAY:
-            raise GGUFFormatError(f"corrupt header: unknown value type {kind}")
-        item, count = self.unpack("<I"), self.unpack("<Q")
-        if item in _SCALARS:
-            size = struct.calcsize(_SCALARS[item]) * count
-            if self.pos + size > len(self.data):
-                raise GGUFFormatError("a header array runs past the end of the file")
-            self.pos += size
-        elif item == _STRING:  # the vocabulary and merges: skipped by length, never decoded
-            data, pos, end = self.data, self.pos, len(self.data)
-            for _ in range(count):
-                if pos + 8 > end:
-                    raise GGUFFormatError("a header string array runs past the end of the file")
-                pos += 8 + _U64.unpack_from(data, pos)[0]
-            if pos > end:
-                raise GGUFFormatError("a header string runs past the end of the file")
-            self.pos = pos
-        else:  # arrays of arrays: each item read (and skipped) in turn
-            for _ in range(count):
-                self.value(item)
-        return None
-
-
-_U64 = struct.Struct("<Q")  # a header string's length
-
-
-def _tensor_bytes(info: TensorInfo) -> int:
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    try:
-        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(info.type_id)]
-    except (ValueError, KeyError):
-        raise GGUFFormatError(
-            f"tensor {info.name!r} has unknown ggml type {info.type_id}"
-        ) from None
-    return int(np.prod(info.dims)) // block * type_size
-
-
-def _parse(data: mmap.mmap | bytes, check_data: bool) -> GGUFHeader:
-    if bytes(data[:4]) != b"GGUF":
-        raise GGUFFormatError("not a GGUF file (no GGUF magic)")
-    cur = _Cursor(data)
-    cur.pos = 4
-    version, n_tensors, n_kv = cur.unpack("<I"), cur.unpack("<Q"), cur.unpack("<Q")
-    if version < 2:
-        raise GGUFFormatError(f"GGUF version {version} is not supported")
-    metadata: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key = cur.string()
-        value = cur.value(cur.unpack("<I"))
-        if value is not None:
-            metadata[key] = value
-    alignment = int(metadata.get("general.alignment") or 32)
-    infos = []
-    for _ in range(n_tensors):
-        name, n_dims = cur.string(), cur.unpack("<I")
-        if n_dims > _MAX_DIMS:
-            raise GGUFFormatError(f"corrupt header: tensor {name!r} has {n_dims} dimensions")
-        dims = tuple(cur.unpack("<Q") for _ in range(n_dims))
-        infos.append(TensorInfo(name, dims, cur.unpack("<I"), cur.unpack("<Q")))
-    digest = hashlib.sha256(data[: cur.pos]).hexdigest()
-    base = -(-cur.pos // alignment) * alignment
-    if check_data:
-        for info in infos:
-            end = base + info.offset + _tensor_bytes(info)
-            if end > len(data):
-                raise GGUFFormatError(
-                    f"tensor {info.name!r} ends at byte {end} but the file has {len(data)} "
-                    "bytes (truncated?)"
-                )
-    return GGUFHeader(metadata, tuple(infos), base, digest)
-
-
-def read_header(path: Path, check_data: bool = True) -> GGUFHeader:
-    """Parses the header of the GGUF file at `path`; with `check_data`, also checks that every
-    tensor's bytes lie inside the file, so a truncated download is caught before any work.
-
-    Raises GGUFFormatError (a ValueError) for anything that is not a complete GGUF file. The
-    header is parsed here rather than with `gguf.GGUFReader`, which decodes every vocabulary
-    string into Python objects and takes seconds for a 49k-token vocabulary. A load reads the
-    header three times (checks, the conversion's fingerprint, the quantized codes), so parses
-    are remembered per process by the file's identity (path, size, mtime): ~0.4 s each.
-    """
-    with open(path, "rb") as file:
-        stat = os.fstat(file.fileno())
-        if stat.st_size == 0:
-            raise GGUFFormatError("the file is empty")
-        key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino, check_data)
-        cached = _HEADERS.get(key)
-        if cached is not None:
-            return cached
-        data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        header = _parse(data, check_data)
-    finally:
-        data.close()
-    if len(_HEADERS) >= _MAX_HEADERS:
-        _HEADERS.pop(next(iter(_HEADERS)))
-    _HEADERS[key] = header
-    return header
-
-
-# Parsed headers by file identity; a handful of files at most in one process.
-_HEADERS: dict[tuple[object, ...], GGUFHeader] = {}
-_MAX_HEADERS = 8
-
-
 def _raw_rows(data: mmap.mmap, header: GGUFHeader, info: TensorInfo) -> np.ndarray:
     """A tensor's bytes as (rows, bytes per row), a view into the mapped file."""
     rows = int(np.prod(info.dims[1:]))  # dims are innermost first: the rest are the rows
-    size = _tensor_bytes(info)
+    size = tensor_bytes(info)
     return np.frombuffer(data, np.uint8, size, header.data_start + info.offset).reshape(rows, -1)
 
 
@@ -300,13 +139,15 @@ def _drop_pages(data: mmap.mmap, header: GGUFHeader, info: TensorInfo) -> None:
     start = header.data_start + info.offset
     aligned = start - start % mmap.PAGESIZE
     with contextlib.suppress(OSError, ValueError):
-        data.madvise(mmap.MADV_DONTNEED, aligned, start + _tensor_bytes(info) - aligned)
+        data.madvise(mmap.MADV_DONTNEED, aligned, start + tensor_bytes(info) - aligned)
 
 
 def _permuted_heads(hf: str, header: GGUFHeader, config: PretrainedConfig) -> int | None:
     """The head count whose RoPE permutation llama.cpp applied to tensor `hf`'s rows, or None
-    (only "llama" files, whose q/k projection weights llama.cpp permutes; not Qwen2)."""
-    if header.architecture != "llama" or not hf.endswith(("q_proj.weight", "k_proj.weight")):
+    (only `ROPE_PERMUTED` files, whose q/k projection weights llama.cpp permutes)."""
+    if header.architecture not in ROPE_PERMUTED or not hf.endswith(
+        ("q_proj.weight", "k_proj.weight")
+    ):
         return None
     return config.num_key_value_heads if "k_proj" in hf else config.num_attention_heads
 
@@ -390,9 +231,9 @@ def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffin
     """Every linear weight of the file in a block format with an exact integer form
     (`gguf_blocks`: Q4_0/1, Q5_0/1, Q8_0 and the K formats), by transformers parameter name.
 
-    q/k rows are un-permuted exactly when transformers' GGUF loader un-permutes them: for files
-    whose `general.architecture` is "llama" (llama.cpp permutes Llama and Mistral, not Qwen2,
-    Phi-3 or Gemma). Phi-3's fused q/k/v and gate/up come as the fused linears' codes.
+    q/k rows are un-permuted for the files whose q/k rows llama.cpp permutes (`ROPE_PERMUTED`:
+    "llama", which holds Mistral too, and "granite"; not Qwen, Phi-3, Gemma or OLMo 2). Phi-3's
+    fused q/k/v and gate/up come as the fused linears' codes.
     """
     header = read_header(path)
     out: dict[str, GroupAffine] = {}

@@ -55,8 +55,17 @@ class Linear(nn.Linear):
         if packed is None:
             return False
         self.prepacked = packed
-        self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
+        self.drop_dense()
         return True
+
+    def drop_dense(self) -> None:
+        """Frees the plain dense weight (its codes or its oneDNN copy run instead). An empty
+        (0, in) weight of the same dtype stays, so `.to(dtype)`, state listings and the
+        activation dtype read from it keep working."""
+        weight = self.weight
+        device = None if weight.device.type == "meta" else weight.device  # meta: never loaded
+        empty = torch.empty(0, self.in_features, dtype=weight.dtype, device=device)
+        self.weight = nn.Parameter(empty, requires_grad=False)
 
     def run(self, x: torch.Tensor, use_int: bool, cast_back: bool = True) -> torch.Tensor:
         """x (T, in) → (T, out) in the model's activation dtype (its weights' dtype): the packed

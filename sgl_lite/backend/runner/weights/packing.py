@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from sgl_lite.backend.runner.weights import ort_nbits
 from sgl_lite.backend.runner.weights.linear import Linear
@@ -204,7 +203,7 @@ def drop_dense_linears(model: Any) -> None:
     if model.lm_head is not None:
         linears.append(model.lm_head)
     for linear in linears:
-        linear.weight = nn.Parameter(torch.empty(0, linear.in_features), requires_grad=False)
+        linear.drop_dense()
 
 
 @dataclass
@@ -232,13 +231,10 @@ class PackedModel:
         for linear, packed in self.linears:
             linear.packed = packed
             if not keep_dense:
-                # An empty weight, not None: `.to(dtype)` and state listings keep working.
-                linear.weight = nn.Parameter(
-                    torch.empty(0, linear.in_features), requires_grad=False
-                )
+                linear.drop_dense()
         model.head_packed = self.head
         if model.lm_head is not None and not keep_dense:  # untied: its dense copy goes too
-            model.lm_head.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+            model.lm_head.drop_dense()
 
 
 def pack_model(
