@@ -1,7 +1,9 @@
-"""GGUF files of every served family beyond Llama and Qwen (Phi-3, Gemma 2, Gemma 3): a tiny
-random model written as llama.cpp lays it out (its tensor names, Gemma's `1 + w` norms, Phi-3's
-fused q/k/v and gate/up, its metadata keys) loads with our reader to the original weights, and
-our runner's logits on it are the original model's."""
+"""GGUF files of every served family beyond Llama and Qwen (Phi-3, Gemma 1/2/3, Granite,
+OLMo 2): a tiny random model written as llama.cpp lays it out (its tensor names, Gemma's
+`1 + w` norms, Phi-3's fused q/k/v and gate/up, Granite's permuted q/k rows, its metadata keys)
+loads with our reader to the original weights, and our runner's logits on it are the original
+model's. Gemma 1, Granite and OLMo 2 get a config of our own from the metadata (transformers
+reads none for them), so their cases hold that config against the original too."""
 
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ from transformers import (
     AutoModelForCausalLM,
     Gemma2Config,
     Gemma3TextConfig,
+    GemmaConfig,
+    GraniteConfig,
     LlamaConfig,
+    Olmo2Config,
     Phi3Config,
 )
 
@@ -24,6 +29,8 @@ from sgl_lite.backend.runner.model_loader import (
     resolve_model_path,
 )
 from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.runner.models import SUPPORTED_MODEL_TYPES
+from sgl_lite.backend.runner.weights.gguf_config import OWN_CONFIG
 from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.types import Segment
 from tests.support.gguf_files import TINY_GGUF, write_gguf
@@ -38,11 +45,22 @@ PROMPT = "The capital of France is Paris, a city in France. Q: Best pet?\nA: a d
 class Case:
     """One family's file: its config, how llama.cpp names the architecture, the block format
     of its linears (None: float32), and whether transformers' own GGUF loader reads back all
-    of the config (it reads no Phi-3 partial rotary factor and no Gemma 2 soft-capping)."""
+    of the config (it reads no Phi-3 partial rotary factor and no Gemma 2 soft-capping, and no
+    config at all for Gemma 1, Granite and OLMo 2)."""
 
     def __init__(self, config_cls, arch, quant=None, transformers_reads_all=True, **overrides):
         self.config_cls, self.arch, self.quant = config_cls, arch, quant
-        self.transformers_reads_all, self.overrides = transformers_reads_all, overrides
+        self.transformers_reads_all = transformers_reads_all and arch not in OWN_CONFIG
+        self.overrides = overrides
+
+
+# Granite 3's multipliers, rounded to values a float32 key holds exactly
+GRANITE_MULTIPLIERS = dict(
+    embedding_multiplier=12.0,
+    residual_multiplier=0.25,
+    attention_multiplier=0.015625,
+    logits_scaling=8.0,
+)
 
 
 CASES = {
@@ -105,6 +123,19 @@ CASES = {
         },
     ),
     "gemma3-q8_0": Case(Gemma3TextConfig, "gemma3", "Q8_0", head_dim=256, sliding_window=8),
+    # Gemma 1: `1 + w` norms, GELU-tanh, tied head, no RoPE base in the file (10000)
+    "gemma-f32": Case(GemmaConfig, "gemma", head_dim=256),
+    "gemma-q8_0": Case(GemmaConfig, "gemma", "Q8_0", head_dim=32),
+    # Granite: Llama's block (q/k rows permuted in the file) with its four multipliers
+    "granite-f32": Case(GraniteConfig, "granite", **GRANITE_MULTIPLIERS),
+    "granite-q8_0": Case(
+        GraniteConfig, "granite", "Q8_0", tie_word_embeddings=True, **GRANITE_MULTIPLIERS
+    ),
+    # OLMo 2: post-norms only, q/k norms over the whole projection, untied head
+    "olmo2-f32": Case(
+        Olmo2Config, "olmo2", rope_parameters={"rope_type": "default", "rope_theta": 500000.0}
+    ),
+    "olmo2-q8_0": Case(Olmo2Config, "olmo2", "Q8_0"),
 }
 
 
@@ -122,6 +153,18 @@ def _model(case: Case, tokenizer, seed: int = 0):
             elif name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
                 param.mul_(16)
     return model
+
+
+def _config_fields(config) -> dict:
+    """The fields of `config` our decoder reads for Gemma 1, Granite and OLMo 2."""
+    names = [
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps",
+        "tie_word_embeddings", "attention_bias", "bos_token_id", "eos_token_id", "head_dim",
+        "hidden_act", "embedding_multiplier", "residual_multiplier", "attention_multiplier",
+        "logits_scaling", "mlp_bias",
+    ]  # fmt: skip
+    return {name: getattr(config, name) for name in names if hasattr(config, name)}
 
 
 def _logits(model, ids: list[int]) -> torch.Tensor:
@@ -165,10 +208,20 @@ def test_gguf_of_the_family_loads_the_original_weights_and_logits(tmp_path, tiny
     folder = resolve_model_path(gguf_file)
     config = load_config(folder)
     assert config.model_type == model.config.model_type
+    if case.arch in OWN_CONFIG:  # built from the metadata by us: every field that matters
+        for field, value in _config_fields(model.config).items():
+            expected = pytest.approx(value) if isinstance(value, float) else value
+            assert getattr(config, field) == expected, field
+        assert config.rope_parameters == model.config.rope_parameters
     weights = load_state_dict(folder, config)
     assert set(weights) == set(state)
     for key, tensor in state.items():
         assert torch.equal(weights[key], tensor), key
+    if case.quant is not None:  # the linears' codes as the int kernels take them, rows in place
+        codes = read_quantized(gguf_file, config)
+        assert set(codes) == {k for k in state if "layers" in k and k.endswith("_proj.weight")}
+        for key, affine in codes.items():
+            assert torch.equal(affine.dequantize(), state[key]), key
 
     # (c) our runner on the file computes the original model
     assert (_prefill_logits(folder, ids) - want).abs().max() <= 1e-4
@@ -210,7 +263,15 @@ def test_phi3s_fused_linears_come_as_codes_and_run_on_the_int_kernels(tmp_path, 
     assert (got_logits.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
 
 
-@pytest.mark.parametrize("arch", ["gemma", "phi2"])
+def test_every_served_family_has_a_gguf_architecture():
+    """The refusal below lists the GGUF architectures; every family we serve is among them
+    (as llama.cpp names it: Gemma 3's text model is "gemma3")."""
+    gguf_name = {"gemma3_text": "gemma3"}
+    assert {gguf_name.get(t, t) for t in SUPPORTED_MODEL_TYPES} == set(GGUF_ARCHITECTURES)
+
+
+# OLMo 1 and Phi-2: families llama.cpp writes that we do not serve
+@pytest.mark.parametrize("arch", ["olmo", "phi2"])
 def test_a_gguf_of_a_family_we_do_not_read_is_refused_naming_the_supported_list(
     tmp_path, tiny_tokenizer, private_cache, arch
 ):

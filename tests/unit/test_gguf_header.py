@@ -1,0 +1,37 @@
+"""A truncated GGUF file is refused naming the tensor whose data is missing, and the file,
+before any work (`weights/gguf_header.py`, `model_loader.convert_gguf`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sgl_lite.backend.runner.model_loader import ModelLoadError, resolve_model_path
+from sgl_lite.backend.runner.weights.gguf_header import GGUFFormatError, read_header
+
+
+def _write(path, arch: str = "llama") -> None:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.ones((8, 32), dtype=np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(32, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_truncated_file_names_the_tensor_whose_data_is_cut(tmp_path, private_cache):
+    whole = tmp_path / "whole.gguf"
+    _write(whole)
+    names = [t.name for t in read_header(whole).tensors]
+    assert names == ["token_embd.weight", "output_norm.weight"]
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole.read_bytes()[:-40])  # into the last tensor's 128 bytes
+    with pytest.raises(GGUFFormatError, match="tensor 'output_norm.weight' ends at byte"):
+        read_header(cut)
+    with pytest.raises(ModelLoadError, match=r"cut\.gguf.*'output_norm\.weight'.*truncated"):
+        resolve_model_path(cut)
+    assert not (private_cache / "models").exists()  # refused before any conversion work
