@@ -19,6 +19,7 @@ from sgl_lite.backend.kvcache.sizing import (
     capped_pool,
     pool_tokens,
     safetensors_weight_bytes,
+    slot_bytes,
     usable_tokens,
 )
 from sgl_lite.backend.runner.model_loader import gguf_source, load_config, resolve_model_path
@@ -73,7 +74,7 @@ def resolve_mem_fraction(kwargs: dict[str, Any]) -> dict[str, Any]:
     folder = resolve_model_path(config.model_path)
     dtype = dense_dtype_name(config)
     free, weights = available_memory(config.device), weight_bytes(folder, dtype)
-    per_token = kv_bytes_per_token(folder, dtype)
+    per_token = slot_bytes(kv_bytes_per_token(folder, dtype))  # K/V + logprob entries
     fits = pool_tokens(float(fraction), free, weights, per_token)
     on_cpu = not config.device.startswith("cuda")
     caps: list[tuple[str, int | None]] = []

@@ -7,13 +7,21 @@ slots change hands. For a request, `slot_ids` covers `fill_ids[:kv_len]`:
     [prefix_len, kv_len)   owned by the request; freed or handed to the tree when it ends
 
 With `disable_radix_cache` the tree stays empty and every request owns all of its slots.
+
+Prompt logprobs ride with the slots (kvcache/logprob_store.py): a request that wants them may
+reuse a cached prefix as far as the stored entries reach (`logprob_match_limit`), reads them
+back (`stored_logprobs`), and stores what its passes compute (`store_logprobs`); when its own
+slots turn out to duplicate the tree's, their entries move to the tree's before they are freed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from sgl_lite.backend.kvcache.kv_pool import KVPool, check_slot_accounting
+from sgl_lite.backend.kvcache.logprob_store import TOP_K, StoredLogprobs
 from sgl_lite.backend.kvcache.radix_cache import RadixCache
 from sgl_lite.backend.types import Req
 
@@ -46,6 +54,7 @@ class CacheManager:
             return
         ids = req.fill_ids[: req.kv_len]
         already = self.tree.insert(ids, req.slot_ids)
+        self._keep_logprobs(ids, req.slot_ids, req.prefix_len, already)
         # Slots the tree already had for [prefix_len, already) are duplicates: ours go back.
         self.pool.free(req.slot_ids[req.prefix_len : already])
         old = req.last_node
@@ -62,6 +71,7 @@ class CacheManager:
         else:
             ids = req.fill_ids[: req.kv_len]
             already = self.tree.insert(ids, req.slot_ids)
+            self._keep_logprobs(ids, req.slot_ids, req.prefix_len, already)
             self.pool.free(req.slot_ids[req.prefix_len : already])
             if req.last_node is not None:
                 self.tree.unlock(req.last_node)
@@ -73,6 +83,49 @@ class CacheManager:
         if req.last_node is not None:
             self.tree.unlock(req.last_node)
         self._forget(req)
+
+    # --- prompt logprobs kept with the slots ------------------------------------------------
+    @property
+    def logprob_top_k(self) -> int:
+        """Top entries stored per cached token (0 with the cache off: nothing is stored)."""
+        return 0 if self.disabled else TOP_K
+
+    def logprob_match_limit(self, ids: Sequence[int], first: int, floor: int) -> int:
+        """How much of `ids[:-1]` a request that wants the logprobs of positions after `first`
+        may take from the cache: the prefix whose next position, and every one from `first + 1`
+        up to it, has a stored entry (position p's entry needs the logits of p - 1, so the
+        first computed token is the one before the first unknown entry); `floor` (the positions
+        up to `first` need no entry) when that is more. A probe: nothing is locked."""
+        if self.disabled:
+            return min(floor, len(ids))
+        slots = self.tree.match_prefix(ids, count_hit=False).slot_ids  # positions 0..L-1
+        if len(slots) <= first + 1:
+            return min(floor, len(slots))
+        known = self.pool.logprobs.known_prefix(slots[first + 1 :])
+        return max(first + known, min(floor, len(slots)))
+
+    def stored_logprobs(self, ids: Sequence[int], first: int) -> StoredLogprobs:
+        """The stored entries of positions `first + 1 .. len(ids) - 1` of the cached `ids`
+        (read at once: the slot past a request's locked prefix may be evicted later)."""
+        slots = self.tree.match_prefix(ids, count_hit=False).slot_ids
+        assert len(slots) == len(ids), "stored_logprobs: expected a cached path"
+        return self.pool.logprobs.read(slots[first + 1 :])
+
+    def store_logprobs(
+        self, slots: torch.Tensor, chosen: list[float], top: list[list[tuple[float, int]]]
+    ) -> None:
+        """Keeps prompt logprobs a pass computed beside the K/V of `slots` (T,)."""
+        if not self.disabled:
+            self.pool.logprobs.write(slots, chosen, top)
+
+    def _keep_logprobs(self, ids: list[int], slots: torch.Tensor, start: int, end: int) -> None:
+        """`slots[start:end]` duplicate the tree's slots for `ids[start:end]` and are about to
+        be freed: their stored logprobs move to the tree's slots that lack them."""
+        dups = slots[start:end]
+        if not dups.numel() or not bool(self.pool.logprobs.known[dups].any()):
+            return
+        tree_slots = self.tree.match_prefix(ids[:end], count_hit=False).slot_ids[start:end]
+        self.pool.logprobs.copy_known(dups, tree_slots)
 
     @staticmethod
     def _forget(req: Req) -> None:

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sgl_lite.backend.kvcache.logprob_store import LogprobStore
+
 if TYPE_CHECKING:
     from sgl_lite.backend.kvcache.radix_cache import RadixCache
 
@@ -62,6 +64,8 @@ class KVPool:
         # Per-layer views, made once: `k[layer]` is a tensor op each time it is evaluated.
         self.k_layers = list(self.k.unbind(0))  # L x (N, Hkv, D)
         self.v_layers = list(self.v.unbind(0))
+        # Prompt logprobs beside the K/V, by slot (logprob_store.py): what echo requests reuse.
+        self.logprobs = LogprobStore(num_slots, _zeros)
         # NOTE: the free slots are a stack (alloc pops from the end): bottom to top, the slots
         # never handed out, num_slots - 1 down to `_next`, then `_free`, the ones given back. The
         # never-used part is kept as the bound `_next` (no list of num_slots ints), and it is
@@ -91,6 +95,11 @@ class KVPool:
     def nbytes(self) -> int:
         """Bytes held by `k` and `v` together."""
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    @property
+    def side_nbytes(self) -> int:
+        """Bytes held beside the K/V: the per-slot prompt logprobs (logprob_store.py)."""
+        return self.logprobs.nbytes
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """Take `n` distinct free slots: an int64 CPU tensor (n,), or None if fewer are free.
@@ -134,6 +143,8 @@ class KVPool:
         for s in ids:
             self._is_free[s] = 1
         self._free.extend(ids)
+        # NOTE: a freed slot's logprob entry goes with it (evicted with the node that held it).
+        self.logprobs.forget(ids)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store one layer's KV rows: `k`, `v` (T, Hkv, D) go to slots (T,) of layer `layer`."""

@@ -6,7 +6,10 @@ what the weights leave. Here the same rule covers both devices, measured before 
 load:
 
     pool bytes = free memory x fraction - weight bytes
-    pool tokens = pool bytes // (2 x layers x kv_heads x head_dim x dtype size)
+    pool tokens = pool bytes // (2 x layers x kv_heads x head_dim x dtype size + side bytes)
+
+where the side bytes are each slot's prompt logprob and its top entries (`slot_bytes`;
+logprob_store.py), a few dozen bytes beside kilobytes of K/V.
 
 Free memory is `torch.cuda.mem_get_info` on CUDA and, on CPU, the kernel's `MemAvailable`
 (/proc/meminfo; `os.sysconf` where there is no /proc), lowered to what a cgroup limit leaves.
@@ -31,6 +34,7 @@ from typing import NamedTuple
 import torch
 
 from sgl_lite.backend.config import DTYPES
+from sgl_lite.backend.kvcache.logprob_store import BYTES_PER_SLOT
 
 MIN_POOL_TOKENS = 16  # EngineConfig's lower bound for max_total_tokens
 
@@ -84,6 +88,11 @@ def safetensors_weight_bytes(folder: Path, dtype: str) -> int:
             header = json.loads(f.read(length))
         total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
     return total * itemsize
+
+
+def slot_bytes(kv_bytes_per_token: int) -> int:
+    """Bytes one pool slot takes: its K/V plus the prompt logprob entries kept beside it."""
+    return kv_bytes_per_token + BYTES_PER_SLOT
 
 
 def pool_tokens(fraction: float, available: int, weights: int, per_token: int) -> int:

@@ -75,7 +75,14 @@ class LogprobState:
     with_text: bool = False
     token_ids: tuple[int, ...] | None = None  # SGLang's token_ids_logprob (output positions)
     input_done: bool = False
+    # top entries computed per prompt position for the radix cache's per-slot store, beyond
+    # the `top_k` the request shows (kvcache/logprob_store.py); 0: nothing is stored
+    keep_top: int = 0
+    # computed prompt entries whose slot did not exist yet (the row after a chunk predicts the
+    # next chunk's first token): (position, logprob, top) waiting to be stored
+    unstored: list[tuple[int, float, list[tuple[float, int]]]] = field(default_factory=list)
     _first_added: bool = False
+    _covered: int = -1  # the last prompt position with an entry (a preempted request repeats)
     _input: list[LogprobEntry] = field(default_factory=list)
     _input_top: list[TopEntries] = field(default_factory=list)
     _output: list[LogprobEntry] = field(default_factory=list)
@@ -97,7 +104,7 @@ class LogprobState:
         if wanted:
             assert rows is not None
             targets = torch.tensor([input_ids[p] for p in positions])
-            values = token_logprobs(rows[wanted], targets, self.top_k)
+            values = token_logprobs(rows[wanted], targets, max(self.top_k, self.keep_top))
         return InputLogprobs(positions, values, start + count >= n - 1 or first >= n)
 
     def add_input(self, input_ids: list[int], got: InputLogprobs, text: TokenText) -> None:
@@ -106,9 +113,13 @@ class LogprobState:
         first = self.start_len
         if not self._first_added and 0 <= first < len(input_ids):
             self._first_added = True
+            self._covered = first
             self._input.append((None, input_ids[first], self._text(text, input_ids[first])))
             self._input_top.append(None)
         for j, pos in enumerate(got.positions):
+            if pos <= self._covered:  # recomputed after a preemption: already handed out
+                continue
+            self._covered = pos
             token = input_ids[pos]
             self._input.append((got.values.chosen[j], token, self._text(text, token)))
             self._input_top.append(self._tops(got.values.top, j, text))

@@ -21,6 +21,7 @@ import torch
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.errors import EngineError
 from sgl_lite.backend.kvcache.cache_manager import CacheManager
+from sgl_lite.backend.scheduler.logprobs import InputLogprobs, TokenLogprobs
 from sgl_lite.backend.scheduler.output_processor import OutputProcessor
 from sgl_lite.backend.types import FinishReason, Req, ReqStatus, Sample, ScheduleBatch, Segment
 from sgl_lite.common import common_prefix_len
@@ -135,6 +136,7 @@ class Scheduler:
             if reqs and self._shares_uncached_prefix(req, reqs):
                 self.cache.release(req)  # the prefix lands in the tree after this step
                 continue
+            served = self._served_logprobs(req)  # now: admitting may evict the slot it reads
             # Admit only what fits whole, with a slot left per running request for its decode,
             # so a half-admitted prompt never sits on slots it cannot complete.
             if self.cache.available() - len(self.running) < req.remaining + 1:
@@ -144,6 +146,9 @@ class Scheduler:
             if segment is None:
                 self.cache.release(req)
                 break
+            if served is not None:
+                assert req.logprobs is not None
+                req.logprobs.add_input(req.input_ids, served, self.outputs.token_text)
             req.cached_tokens = req.prefix_len
             self.cache_hit_tokens += req.prefix_len
             self.prompt_tokens_admitted += len(req.input_ids)
@@ -195,15 +200,50 @@ class Scheduler:
         }
         return sorted(self.waiting, key=lambda r: (-hits[id(r)], r.arrival))
 
-    @staticmethod
-    def _match_limit(req: Req) -> int:
+    def _match_limit(self, req: Req) -> int:
         """How much of the sequence may come from the cache: at least one token is computed
-        to get logits, and prompt positions whose logprobs are asked for are recomputed."""
+        to get logits, and of the prompt positions whose logprobs are asked for, those past
+        the entries the cache keeps beside the K/V (kvcache/logprob_store.py) are recomputed."""
         limit = req.seq_len - 1  # also for max_new_tokens=0: a pass needs one token
-        if req.needs_input_logprobs:
-            assert req.logprobs is not None
-            limit = min(limit, max(req.logprobs.start_len - 1, 0))
-        return limit
+        if not req.needs_input_logprobs:
+            return limit
+        state = req.logprobs
+        assert state is not None
+        floor = min(limit, max(state.start_len - 1, 0))
+        if state.top_k > self.cache.logprob_top_k:  # more top entries than are kept
+            return floor
+        # one token past the limit: its entry is served when the limit's token is computed
+        ids = req.fill_ids[: limit + 1]
+        return self.cache.logprob_match_limit(ids, state.start_len, floor)
+
+    def _served_logprobs(self, req: Req) -> InputLogprobs | None:
+        """The stored prompt logprobs of the positions a logprob request took from the cache
+        (`start_len + 1 .. prefix_len`: the last is the first computed token's own entry)."""
+        state = req.logprobs
+        if not req.needs_input_logprobs or state is None:
+            return None
+        state.keep_top = self.cache.logprob_top_k
+        first = state.start_len
+        if req.prefix_len <= first:
+            return None
+        stored = self.cache.stored_logprobs(req.fill_ids[: req.prefix_len + 1], first)
+        positions = list(range(first + 1, req.prefix_len + 1))
+        return InputLogprobs(positions, TokenLogprobs(stored.chosen, stored.top), False)
+
+    def _store_logprobs(self, req: Req, got: InputLogprobs | None) -> None:
+        """Keeps the prompt logprobs a pass computed beside the K/V of their tokens; an entry
+        whose token has no slot yet (the next chunk's first) waits for that chunk's pass."""
+        state = req.logprobs
+        if state is None or state.keep_top <= 0:
+            return
+        entries = state.unstored
+        if got is not None and got.values.top is not None:
+            entries = entries + list(zip(got.positions, got.values.chosen, got.values.top))
+        ready = [e for e in entries if e[0] < req.kv_len]
+        state.unstored = [e for e in entries if e[0] >= req.kv_len]
+        if ready:
+            slots = req.slot_ids[torch.tensor([pos for pos, _, _ in ready])]
+            self.cache.store_logprobs(slots, [lp for _, lp, _ in ready], [t for _, _, t in ready])
 
     @staticmethod
     def _shares_uncached_prefix(req: Req, admitted: list[Req]) -> bool:
@@ -253,6 +293,7 @@ class Scheduler:
             if req.is_finished:  # ended during the step (its grammar mask failed)
                 continue
             try:
+                self._store_logprobs(req, sample.input_logprobs)
                 cut = self.outputs.apply(req, sample, batch.completes(i))
             except Exception as exc:  # this request's fault (e.g. its grammar), not the batch's
                 logger.exception("processing request %s failed; it alone is aborted", req.rid)
