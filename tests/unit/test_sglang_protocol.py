@@ -27,7 +27,7 @@ from sgl_lite.server.openai.tools import plan_tools
 from sgl_lite.server_args import build_parser, check_args, engine_kwargs, log_ignored_flags
 from sgl_lite.sglang_flags import IGNORED_FLAGS, ignored_flags
 from tests.support.fakes import ByteTokenizer, FakeRunner
-from tests.support.server import serve, sse_events
+from tests.support.server import sse_events
 
 SERVED = "org/fake-model"  # a hub-style id: the model route must take the slash
 CONTEXT = 64
@@ -56,17 +56,6 @@ def engine():
     )
     yield eng
     eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    with serve(create_app(engine)) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
 def post(url: str, path: str, body: dict) -> httpx.Response:
@@ -151,6 +140,10 @@ def test_server_info_carries_sglang_s_max_total_num_tokens(url, path):
     assert info["max_total_num_tokens"] == POOL
     assert info["max_total_tokens"] == info["max_total_num_tokens"]  # the alias, for now
     assert info["pool_free_tokens"] + info["pool_used_tokens"] == POOL
+    # SGLang's per-scheduler states: sglang.bench_serving reads the first one's accept length
+    [state] = info["internal_states"]
+    assert state["avg_spec_accept_length"] is None
+    assert state["num_running_reqs"] == info["num_running_reqs"]
 
 
 # --- 4. --tool-call-parser: SGLang's names, and the pythonic format ------------------------------
