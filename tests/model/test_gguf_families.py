@@ -33,7 +33,7 @@ from sgl_lite.backend.runner.models import SUPPORTED_MODEL_TYPES
 from sgl_lite.backend.runner.weights.gguf_config import OWN_CONFIG
 from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.types import Segment
-from tests.support.gguf_files import TINY_GGUF, write_gguf
+from tests.support.gguf_files import GRANITE_MULTIPLIERS, TINY_GGUF, write_gguf
 
 # Conversions go to each test's own folder (tests/conftest.py), never the user's cache.
 pytestmark = pytest.mark.usefixtures("private_cache")
@@ -52,15 +52,6 @@ class Case:
         self.config_cls, self.arch, self.quant = config_cls, arch, quant
         self.transformers_reads_all = transformers_reads_all and arch not in OWN_CONFIG
         self.overrides = overrides
-
-
-# Granite 3's multipliers, rounded to values a float32 key holds exactly
-GRANITE_MULTIPLIERS = dict(
-    embedding_multiplier=12.0,
-    residual_multiplier=0.25,
-    attention_multiplier=0.015625,
-    logits_scaling=8.0,
-)
 
 
 CASES = {

@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
@@ -23,30 +23,21 @@ from sgl_lite.backend.runner.model_loader import (
 )
 from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
+from sgl_lite.backend.runner.weights.quant import GroupAffine
 from sgl_lite.backend.types import Segment
 from tests.support import NUM_THREADS
-from tests.support.gguf_files import TINY_GGUF, write_gguf
+from tests.support.gguf_files import (
+    GREEDY,
+    PROMPTS,
+    greedy_ids,
+    save_folder,
+    tiny_model,
+    write_gguf,
+)
 from tests.support.tiny import build_tiny_tokenizer
 
 # Conversions go to each test's own folder (tests/conftest.py), never the user's cache.
 pytestmark = pytest.mark.usefixtures("private_cache")
-
-PROMPTS = ("The capital of France is", "Q: Best pet?\nA:", "Say: hello, a dog and a cat")
-GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
-
-
-def _model(config_cls, tokenizer, seed: int = 0, **overrides):
-    torch.manual_seed(seed)
-    config = config_cls(**{**TINY_GGUF, "vocab_size": len(tokenizer), **overrides})
-    return AutoModelForCausalLM.from_config(config).eval()
-
-
-def _save_folder(folder, model, state, tokenizer):
-    """The same weights as the GGUF holds, saved as an ordinary safetensors folder."""
-    model.load_state_dict(state, strict=False)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def _prefill_logits(folder, ids: list[int]) -> torch.Tensor:
@@ -58,20 +49,6 @@ def _prefill_logits(folder, ids: list[int]) -> torch.Tensor:
     logits = runner.forward([seg]).logits
     runner.pool.free(slots)
     return logits
-
-
-def _greedy(path, tokenizer, disable_radix_cache: bool) -> list[list[int]]:
-    with Engine(
-        model_path=str(path),
-        num_threads=NUM_THREADS,
-        max_total_tokens=512,
-        disable_radix_cache=disable_radix_cache,
-        enable_deterministic_inference=True,  # identity with the cache on and off is its promise
-    ) as engine:
-        outs = engine.generate(
-            input_ids=[tokenizer.encode(p) for p in PROMPTS], sampling_params=GREEDY
-        )
-    return [o["output_ids"] for o in outs]
 
 
 CASES = {
@@ -91,10 +68,10 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_gguf_file_loads_like_the_same_weights_from_safetensors(tmp_path, tiny_tokenizer, case):
     config_cls, arch, quant, overrides = CASES[case]
-    model = _model(config_cls, tiny_tokenizer, **overrides)
+    model = tiny_model(config_cls, tiny_tokenizer, **overrides)
     gguf_file = tmp_path / f"tiny-{case}.gguf"
     state = write_gguf(gguf_file, model, tiny_tokenizer, architecture=arch, quantize_linears=quant)
-    folder = _save_folder(tmp_path / "st", model, state, tiny_tokenizer)
+    folder = save_folder(tmp_path / "st", model, state, tiny_tokenizer)
 
     converted = resolve_model_path(gguf_file)
     assert not list(converted.glob("*.safetensors"))  # weights are read from the file itself
@@ -108,7 +85,7 @@ def test_gguf_file_loads_like_the_same_weights_from_safetensors(tmp_path, tiny_t
     ours, theirs = _prefill_logits(converted, ids), _prefill_logits(folder, ids)
     assert (ours - theirs).abs().max() <= 1e-4
     for disable in (False, True):
-        assert _greedy(gguf_file, tiny_tokenizer, disable) == _greedy(
+        assert greedy_ids(gguf_file, tiny_tokenizer, disable) == greedy_ids(
             folder, tiny_tokenizer, disable
         )
 
@@ -117,7 +94,7 @@ def test_gguf_file_loads_like_the_same_weights_from_safetensors(tmp_path, tiny_t
 def test_quantized_codes_of_a_written_gguf_are_exactly_its_converted_weights(
     tmp_path, tiny_tokenizer, kind, bits
 ):
-    model = _model(LlamaConfig, tiny_tokenizer, tie_word_embeddings=False)
+    model = tiny_model(LlamaConfig, tiny_tokenizer, tie_word_embeddings=False)
     gguf_file = tmp_path / f"tiny-{kind}.gguf"
     state = write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears=kind)
     converted = resolve_model_path(gguf_file)
@@ -126,10 +103,18 @@ def test_quantized_codes_of_a_written_gguf_are_exactly_its_converted_weights(
     assert len(codes) == 7 * 2 and {c.bits for c in codes.values()} == {bits}
     for name, weight in codes.items():  # q/k rows un-permuted like transformers' loader
         assert torch.equal(weight.dequantize(), state[name]), name
+    # a fused linear's parts were decoded together: fusing them copies nothing
+    qkv = [codes[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]
+    fused = GroupAffine.cat(qkv)
+    assert fused.q.data_ptr() == qkv[0].q.data_ptr()
+    assert torch.equal(
+        fused.dequantize(),
+        torch.cat([state[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]),
+    )
 
 
 def test_tokenizer_and_chat_template_come_from_the_file(tmp_path, tiny_tokenizer):
-    model = _model(LlamaConfig, tiny_tokenizer)
+    model = tiny_model(LlamaConfig, tiny_tokenizer)
     template = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
     custom = build_tiny_tokenizer()
     custom.chat_template = template
@@ -148,10 +133,10 @@ def test_tokenizer_and_chat_template_come_from_the_file(tmp_path, tiny_tokenizer
 
 def test_a_rewritten_gguf_is_converted_again(tmp_path, tiny_tokenizer):
     gguf_file = tmp_path / "tiny.gguf"
-    first = write_gguf(gguf_file, _model(LlamaConfig, tiny_tokenizer, seed=0), tiny_tokenizer)
+    first = write_gguf(gguf_file, tiny_model(LlamaConfig, tiny_tokenizer, seed=0), tiny_tokenizer)
     folder_a = resolve_model_path(gguf_file)
     # same size, same header: only the weights (and the mtime) differ
-    second = write_gguf(gguf_file, _model(LlamaConfig, tiny_tokenizer, seed=1), tiny_tokenizer)
+    second = write_gguf(gguf_file, tiny_model(LlamaConfig, tiny_tokenizer, seed=1), tiny_tokenizer)
     stat = gguf_file.stat()
     os.utime(gguf_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     folder_b = resolve_model_path(gguf_file)
@@ -164,7 +149,7 @@ def test_a_rewritten_gguf_is_converted_again(tmp_path, tiny_tokenizer):
 
 
 def test_a_q4_gguf_feeds_its_codes_to_the_int4_kernels(tmp_path, tiny_tokenizer, caplog):
-    model = _model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
+    model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
     write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
     with (
@@ -187,7 +172,9 @@ def test_a_gguf_of_an_architecture_we_do_not_run_is_refused_by_name(
     tmp_path, tiny_tokenizer, private_cache, arch
 ):
     gguf_file = tmp_path / f"{arch}.gguf"
-    write_gguf(gguf_file, _model(LlamaConfig, tiny_tokenizer), tiny_tokenizer, architecture=arch)
+    write_gguf(
+        gguf_file, tiny_model(LlamaConfig, tiny_tokenizer), tiny_tokenizer, architecture=arch
+    )
     with pytest.raises(ModelLoadError, match=f"{arch}.gguf.*architecture '{arch}'.*llama, mistral"):
         Engine(model_path=str(gguf_file), num_threads=NUM_THREADS, max_total_tokens=64)
     assert not (private_cache / "models").exists()  # refused before any conversion work
@@ -196,7 +183,7 @@ def test_a_gguf_of_an_architecture_we_do_not_run_is_refused_by_name(
 @pytest.mark.parametrize("keep", [0, 3, 200, -100])
 def test_a_truncated_or_corrupt_gguf_is_refused_naming_the_file(tmp_path, tiny_tokenizer, keep):
     whole = tmp_path / "whole.gguf"
-    write_gguf(whole, _model(LlamaConfig, tiny_tokenizer), tiny_tokenizer)
+    write_gguf(whole, tiny_model(LlamaConfig, tiny_tokenizer), tiny_tokenizer)
     data = whole.read_bytes()
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(data[:keep] if keep >= 0 else data[:keep])
@@ -206,24 +193,9 @@ def test_a_truncated_or_corrupt_gguf_is_refused_naming_the_file(tmp_path, tiny_t
 
 def test_a_folder_with_several_ggufs_and_no_config_asks_for_one(tmp_path, tiny_tokenizer):
     for name in ("a.gguf", "b.gguf"):
-        write_gguf(tmp_path / name, _model(LlamaConfig, tiny_tokenizer), tiny_tokenizer)
+        write_gguf(tmp_path / name, tiny_model(LlamaConfig, tiny_tokenizer), tiny_tokenizer)
     with pytest.raises(ModelLoadError, match="2 .gguf files.*a.gguf, b.gguf"):
         resolve_model_path(tmp_path)
-
-
-def test_gguf_with_smollm2s_real_tokenizer_round_trips_it(tmp_path, smollm_tokenizer):
-    """A 49k-token byte-level vocabulary and SmolLM2's own chat template survive the GGUF
-    metadata, and the engine's greedy output equals the safetensors folder's (an e2e test:
-    it reads SmolLM2's tokenizer)."""
-    model = _model(LlamaConfig, smollm_tokenizer, tie_word_embeddings=True)
-    gguf_file = tmp_path / "smol-tok.gguf"
-    state = write_gguf(gguf_file, model, smollm_tokenizer)
-    folder = _save_folder(tmp_path / "st", model, state, smollm_tokenizer)
-    loaded = load_tokenizer(resolve_model_path(gguf_file))
-    assert loaded.chat_template == smollm_tokenizer.chat_template
-    text = "<|im_start|>user\nWhat's 2+2? Café, naïve — 東京\n  spaced<|im_end|>\n"
-    assert loaded.encode(text) == smollm_tokenizer.encode(text)
-    assert _greedy(gguf_file, smollm_tokenizer, False) == _greedy(folder, smollm_tokenizer, False)
 
 
 # llama.cpp's Q4_K_M: Q4_K on most linears, Q6_K on v and down (half the layers in a real file)
@@ -249,7 +221,7 @@ def test_a_k_quant_file_runs_its_own_codes_in_the_decode_step(
 
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "1")  # dense linears for long passes
 
-    model = _model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
+    model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4_k_m.gguf"
     state = write_gguf(gguf_file, model, tiny_tokenizer, random_blocks=Q4_K_M)
     converted = resolve_model_path(gguf_file)
@@ -302,7 +274,7 @@ def test_the_decode_step_runs_the_files_codes_where_torchs_int_kernels_lose(
 
     monkeypatch.setattr(choose, "_choose", lambda *args: "dense is faster (forced by the test)")
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "1")  # the path that keeps dense linears
-    model = _model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
+    model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
     write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
     config = EngineConfig(max_total_tokens=256, device="cpu", num_threads=NUM_THREADS)
@@ -325,6 +297,43 @@ def _segments(pool, prompts: list[list[int]]) -> list[tuple[Segment, Segment]]:
     return pairs
 
 
+def test_without_dense_linears_the_token_table_stays_codes(tmp_path, tiny_tokenizer, monkeypatch):
+    """Codes-only linears and a tied head whose table the file keeps at 8 bits (Q6_K, as
+    llama.cpp writes it): the table is never dequantized whole; lookups give the dense table's
+    rows bit for bit (in the model's dtype), and the logits are the float32 reference's."""
+    from sgl_lite.backend.runner.weights import choose
+    from sgl_lite.backend.runner.weights.embedding import CodesEmbedding
+
+    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "0")
+    model = tiny_model(
+        LlamaConfig,
+        tiny_tokenizer,
+        hidden_size=256,
+        intermediate_size=512,
+        tie_word_embeddings=True,
+    )
+    gguf_file = tmp_path / "tiny-q4_0-q6_k-table.gguf"
+    blocks = {"embed_tokens": "Q6_K"}
+    write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0", random_blocks=blocks)
+    folder = resolve_model_path(gguf_file)
+    runner = ModelRunner(folder, EngineConfig(max_total_tokens=256, device="cpu"))
+    assert isinstance(runner.model.embed_tokens, CodesEmbedding)
+    assert runner.model.embed_tokens.q.dtype == torch.int8  # 1 byte a weight
+    dense = EngineConfig(max_total_tokens=256, device="cpu", quantization="none", dtype="float32")
+    reference = ModelRunner(folder, dense)
+    assert isinstance(reference.model.embed_tokens, torch.nn.Embedding)
+    ids = torch.tensor(tiny_tokenizer.encode(PROMPTS[0]))
+    table = runner.model.embed_tokens(ids)  # the model's dtype, as the dense table was cast
+    assert torch.equal(table, reference.model.embed_tokens(ids).to(table.dtype))
+    rows = []
+    for each in (runner, reference):
+        slots = each.pool.alloc(len(ids))
+        segment = Segment(token_ids=ids.tolist(), start=0, kv_slots=slots, logits_from=0)
+        rows.append(each.forward([segment]).rows(0))
+    got, want = rows
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
 @pytest.mark.parametrize(("quant", "lanes_kept"), [("Q4_0", True), ("Q8_0", True), ("Q4_0", False)])
 def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
     tmp_path, tiny_tokenizer, monkeypatch, quant, lanes_kept
@@ -340,7 +349,7 @@ def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
         monkeypatch.setattr(KVPool, "nbytes", property(lambda self: 1))
 
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "0")
-    model = _model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
+    model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / f"tiny-{quant}.gguf"
     write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears=quant)
     folder = resolve_model_path(gguf_file)
@@ -387,7 +396,7 @@ def test_a_decode_step_giving_nan_at_load_is_never_used(
 
     monkeypatch.setattr(ort_step.OrtDecodeStep, "_run", nan_logits)
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, dense_linears)
-    model = _model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
+    model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
     write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
     folder = resolve_model_path(gguf_file)
@@ -413,7 +422,7 @@ def test_without_dense_linears_a_greedy_request_sent_again_repeats(
     from sgl_lite.backend.runner.weights import choose
 
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "0")
-    model = _model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
+    model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
     write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
     ids = [tiny_tokenizer.encode(p) for p in PROMPTS]

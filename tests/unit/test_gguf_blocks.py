@@ -14,8 +14,6 @@ from sgl_lite.backend.runner.weights import gguf_blocks, ort_nbits
 from sgl_lite.backend.runner.weights.quant import GroupAffine, Int4Weight
 from tests.support.gguf_files import HALF_FIELDS, random_block_bytes
 
-pytestmark = pytest.mark.unit
-
 WIDTH = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4}  # the rest are held as 8-bit codes
 FINE = {"Q2_K", "Q3_K", "Q6_K"}  # groups of 16
 
@@ -45,6 +43,23 @@ def test_a_fused_matrix_of_mixed_formats_is_each_part_exactly():
     fused = GroupAffine.cat(parts)
     assert (fused.bits, fused.group) == (8, 16)
     assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+
+
+def test_consecutive_row_slices_fuse_without_a_copy_and_others_are_copied():
+    """The GGUF reader decodes a fused linear's parts together and hands out row views
+    (`row_slice`): fusing them again is a view of the same storage; parts that are not
+    consecutive rows of one matrix are copied, with the same values either way."""
+    whole = gguf_blocks.decode(_type_id("Q4_K"), random_block_bytes("Q4_K", 12, 256, seed=3))
+    parts = [whole.row_slice(0, 8), whole.row_slice(8, 10), whole.row_slice(10, 12)]
+    fused = GroupAffine.cat(parts)
+    for got, base in ((fused.q, whole.q), (fused.scale, whole.scale)):
+        assert got.data_ptr() == base.data_ptr() and got.shape == base.shape
+    assert torch.equal(fused.dequantize(), whole.dequantize())
+    swapped = GroupAffine.cat([parts[1], parts[0]])  # not in storage order: a copy
+    assert swapped.q.data_ptr() != whole.q.data_ptr()
+    assert torch.equal(
+        swapped.dequantize(), torch.cat([parts[1].dequantize(), parts[0].dequantize()])
+    )
 
 
 def test_the_int4_kernel_takes_only_4_bit_codes_in_groups_of_32():

@@ -93,7 +93,7 @@ class DecodeGraphs:
         """One decode step over the first `batch` rows of the `keys` bucket's buffers."""
         buf, model = self.buffers[keys], self.runner.model
         positions = buf.positions[:batch]
-        cos, sin = model.rope.tables(positions, model.embed_tokens.weight.dtype)
+        cos, sin = model.rope.tables(positions, model.dtype)
         rows = buf.rows[:batch]
         kv_slots = buf.kv_slots[:batch]
         group = AttentionGroup(

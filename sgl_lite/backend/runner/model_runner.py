@@ -35,10 +35,12 @@ from sgl_lite.backend.runner.passes import graph_passes, merge_outputs, split_fi
 from sgl_lite.backend.runner.weights import ort_nbits
 from sgl_lite.backend.runner.weights.choose import (
     DENSE_LINEARS_ENV,
+    HEAD,
     codes_only_linears,
     prepare_weights,
     read_file_codes,
 )
+from sgl_lite.backend.runner.weights.embedding import CodesEmbedding
 from sgl_lite.backend.types import ForwardOutput, Segment
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
@@ -71,6 +73,10 @@ class ModelRunner:
         self.format, pack_note, self.decode_step = prepare_weights(
             model, model_folder, config, self.device, quantized, plan
         )
+        if HEAD in plan.names:  # the token table was never read dense: its codes serve lookups
+            table = CodesEmbedding(quantized[HEAD], self.format.dense_dtype)
+            model.embed_tokens = table
+            pack_note += f"; token table as codes ({table.nbytes / 2**20:.0f} MB)"
         del quantized
         self.model = _placed(model, self.device, self.format.dense_dtype).eval()
         # Where every pass runs on the graph there are no dense linears, and a tied head's
@@ -227,7 +233,7 @@ class ModelRunner:
         for seg in segments:
             offsets.append(offsets[-1] + len(seg.token_ids))
         positions = torch.cat([torch.arange(s.start, s.end) for s in segments]).to(dev)
-        cos, sin = self.model.rope.tables(positions, self.model.embed_tokens.weight.dtype)
+        cos, sin = self.model.rope.tables(positions, self.model.dtype)
         decodes = [i for i, s in enumerate(segments) if len(s.token_ids) == 1]
         extends = [i for i, s in enumerate(segments) if len(s.token_ids) > 1]
         decode_kv = getattr(self, "decode_kv", None)  # absent on runners built around a model

@@ -3,16 +3,19 @@
 Built node by node from the model's modules and its linears' file codes (`MatMulNBits`, see
 `ort_nbits`); `ort_step.OrtDecodeStep` runs it. Two block shapes are expressed:
 
-- Llama's pre-norm block, with linear biases (Qwen2) and q/k RMS norms (Qwen3 per head, OLMo
-  2-style whole projection): Llama, Mistral within its window, Qwen2, Qwen3, SmolLM2;
+- Llama's block, with linear biases (Qwen2), q/k RMS norms (Qwen3 per head, OLMo 2 over the
+  whole projection), Granite's multipliers (embeddings, attention scale, each sublayer's output
+  before the residual add, logits) and OLMo 2's post-norms (each sublayer's output normed
+  before the residual add, no pre-norms): Llama, Mistral within its window, Qwen2, Qwen3,
+  Phi-3, Granite, OLMo 2, SmolLM2;
 - Gemma's (1, 2 and 3 text): embeddings scaled by sqrt(hidden), RMS norms with weight (1 + w),
   Gemma 2/3's norms after attention and around the feed-forward, GELU, Gemma 3's per-head
   q/k norms, sliding-window layers with their own RoPE base, soft-capped scores and logits.
 
 Attention is onnxruntime's `GroupQueryAttention` over each layer's past K/V (RoPE at each row's
 position, grouped heads, softmax over each row's own keys, a sliding window where the layer has
-one). Anything else (Granite's multipliers, OLMo 2's post-norms, partial rotary, Phi-3's
-fused checkpoint layout) keeps the torch step, and `unsupported` says why.
+one). Anything else (partial rotary, a head size onnxruntime's fused attention does not take)
+keeps the torch step, and `unsupported` says why.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ import numpy as np
 import torch
 
 from sgl_lite.backend.runner.models.gemma import GemmaDecoderLayer, GemmaForCausalLM
-from sgl_lite.backend.runner.models.llama import DecoderLayer, LlamaForCausalLM, head_dim_of
+from sgl_lite.backend.runner.models.llama import (
+    DecoderLayer,
+    LlamaForCausalLM,
+    PostNormDecoderLayer,
+    ScaledResidualLayer,
+    head_dim_of,
+)
 from sgl_lite.backend.runner.weights import onnx_proto, ort_nbits
 from sgl_lite.backend.runner.weights.quant import GroupAffine
 
@@ -41,6 +50,9 @@ GELU_OPS = {
     "gelu": ("Gelu", ""),
 }
 
+# The shared decoder's blocks `_llama_block` expresses (models/llama.py `layer_class`).
+LLAMA_BLOCKS = (DecoderLayer, ScaledResidualLayer, PostNormDecoderLayer)
+
 
 def unsupported(model: Any) -> str | None:
     """Why this model's step cannot be built as the graph, or None if it can."""
@@ -52,13 +64,10 @@ def unsupported(model: Any) -> str | None:
     elif type(model) is not LlamaForCausalLM:
         return f"{type(model).__name__} has a block of its own"
     else:
-        spec = model.spec
-        if spec.multipliers or spec.norm_placement != "pre":
-            return "the model's block differs from Llama's (multipliers or post-norm)"
         if getattr(model, "sliding_window", None) is not None:
             return "sliding-window attention"
         for layer in model.layers:
-            if type(layer) is not DecoderLayer:
+            if type(layer) not in LLAMA_BLOCKS:
                 return f"block {type(layer).__name__}"
     if model.rope.rotary_dim != head_dim_of(config):
         return "partial rotary embeddings"
@@ -193,20 +202,35 @@ def _attention(
 def _llama_block(
     g: Graph, i: int, layer: DecoderLayer, x: str, take: Any, rope: tuple[str, str], eps: float
 ) -> str:
-    """Llama's pre-norm block (with Qwen2's biases and Qwen3's q/k norms) on x (T, hidden)."""
-    attn = layer.self_attn
-    h = g.rms_norm(x, layer.input_layernorm, eps)
+    """The shared decoder's block on x (T, hidden): Llama's pre-norm one (with Qwen2's biases
+    and Qwen3's q/k norms), Granite's with each sublayer's output scaled, or OLMo 2's, which
+    norms each sublayer's output instead of its input (see `models/llama.py`)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    post = isinstance(layer, PostNormDecoderLayer)
+    scale = getattr(layer, "residual_multiplier", 1.0)
+
+    def add(residual: str, out: str, norm: str) -> str:
+        # OLMo 2: out RMS-normed by its post-norm `norm`; Granite: out times residual_multiplier
+        # (the torch block's order); Llama: out as it is.
+        if post:
+            out = g.rms_norm(out, getattr(layer, norm), eps)
+        if scale != 1.0:
+            out = g.op("Mul", [out, g.scalar(scale)])
+        return g.op("Add", [residual, out])
+
+    h = x if post else g.rms_norm(x, layer.input_layernorm, eps)
     qkv = g.linear(take(f"{i}.self_attn.qkv_proj"), h, "qkv", attn.qkv_proj.bias)
     if attn.qk_norm is not None:  # Qwen3 (per head), OLMo 2's q/k (whole projection)
         qkv = _normed_qk(g, qkv, attn, eps=float(attn.eps))
     out = _attention(g, i, g.op("Reshape", [qkv, "rows"]), attn, rope)
-    x = g.op("Add", [x, g.linear(take(f"{i}.self_attn.o_proj"), out, "o", attn.o_proj.bias)])
-    h = g.rms_norm(x, layer.post_attention_layernorm, eps)
-    mlp = layer.mlp
+    o = g.linear(take(f"{i}.self_attn.o_proj"), out, "o", attn.o_proj.bias)
+    x = add(x, o, "post_attention_layernorm")
+    h = x if post else g.rms_norm(x, layer.post_attention_layernorm, eps)
     fused = g.linear(take(f"{i}.mlp.gate_up_proj"), h, "gate_up", mlp.gate_up_proj.bias)
     gate, up = g.ops("Split", [fused, g.ints(mlp.intermediate, mlp.intermediate)], 2, axis=-1)
     act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
-    return g.op("Add", [x, g.linear(take(f"{i}.mlp.down_proj"), act, "down", mlp.down_proj.bias)])
+    down = g.linear(take(f"{i}.mlp.down_proj"), act, "down", mlp.down_proj.bias)
+    return add(x, down, "post_feedforward_layernorm")
 
 
 def _gemma_block(
@@ -288,6 +312,8 @@ def step_session(
             x = _gemma_block(g, i, layer, x, take, local if layer.sliding else rope, window, act)
         final = g.rms_norm(x, _gemma_weight(model.norm), eps)
     else:
+        if model.embedding_multiplier != 1.0:  # Granite
+            x = g.op("Mul", [x, g.scalar(model.embedding_multiplier)])
         for i, block in enumerate(model.layers):
             x = _llama_block(g, i, cast(DecoderLayer, block), x, take, rope, eps)
         final = g.rms_norm(x, model.norm, eps)
@@ -298,6 +324,8 @@ def step_session(
     softcap = getattr(model, "final_softcap", None)
     if softcap:
         logits = g.softcap(logits, float(softcap))
+    if model.logits_scaling != 1.0:  # Granite
+        logits = g.op("Div", [logits, g.scalar(model.logits_scaling)])
     g.nodes.append(onnx_proto.node("Identity", [logits], ["logits"]))
     f, i32 = onnx_proto.FLOAT, onnx_proto.ELEM_TYPES[np.dtype(np.int32)]
     i64 = onnx_proto.ELEM_TYPES[np.dtype(np.int64)]

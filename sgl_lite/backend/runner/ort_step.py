@@ -189,8 +189,6 @@ class OrtDecodeStep:
             for copy, new in ((view.k_all, new_k), (view.v_all, new_v)):
                 rounded = new.to(pool.k.dtype).to(torch.float32).view(rows)
                 copy.view(rows).index_copy_(1, view.new_index, rounded)
-        if model.logits_scaling != 1.0:
-            logits = logits / model.logits_scaling
         if batch == 1:  # one request's tokens: the rows it asked for (maybe none)
             return ForwardOutput(logits, [(first - int(picked[0]), len(picked))])
         return ForwardOutput(logits, [(b, b + 1) for b in range(batch)])

@@ -29,6 +29,7 @@ from sgl_lite.backend.runner.models.rope import (
 )
 from sgl_lite.backend.runner.models.spec import LLAMA, DecoderSpec
 from sgl_lite.backend.runner.weights import onednn
+from sgl_lite.backend.runner.weights.embedding import CodesEmbedding
 from sgl_lite.backend.runner.weights.linear import Linear, dense_linear
 from sgl_lite.backend.runner.weights.quant import PackedWeight
 
@@ -301,7 +302,10 @@ class LlamaForCausalLM(nn.Module):
         # `_weight` skips the random init: every weight is loaded, and the model is built on the
         # meta device, where the first `normal_` costs ~1.5 s of torch's lazy set-up per process.
         table = torch.empty(config.vocab_size, config.hidden_size)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=table)
+        # The dense table, or its file's codes where nothing else reads it (`weights.embedding`)
+        self.embed_tokens: nn.Embedding | CodesEmbedding = nn.Embedding(
+            config.vocab_size, config.hidden_size, _weight=table
+        )
         self.layers = nn.ModuleList(
             self.make_layer(config, i, spec) for i in range(config.num_hidden_layers)
         )
@@ -317,6 +321,12 @@ class LlamaForCausalLM(nn.Module):
         self.head_packed: PackedWeight | None = None
         # A tied head's table in oneDNN's layout, for the dense passes (`prepack_dense`).
         self.head_prepacked: torch.Tensor | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype: the dense weights' (the final norm's, which every model
+        keeps dense; the token table may be codes, `weights.embedding`)."""
+        return self.norm.dtype
 
     def make_layer(self, config: PretrainedConfig, layer_id: int, spec: DecoderSpec) -> nn.Module:
         """Decoder block `layer_id`; a family with a block of its own overrides this."""
@@ -339,7 +349,8 @@ class LlamaForCausalLM(nn.Module):
         oneDNN's layout where that runs here (`weights.onednn`); returns how many moved. Called
         once the load is done with the plain weights."""
         moved = sum(m.prepack_dense() for m in self.modules() if isinstance(m, Linear))
-        if self.lm_head is None:  # the table itself stays plain: the embedding reads its rows
+        if self.lm_head is None and isinstance(self.embed_tokens, nn.Embedding):
+            # the table itself stays plain: the embedding reads its rows
             self.head_prepacked = onednn.prepack(self.embed_tokens.weight)
             moved += self.head_prepacked is not None
         return moved
@@ -356,6 +367,7 @@ class LlamaForCausalLM(nn.Module):
         elif self.head_prepacked is not None:
             logits = onednn.linear(hidden, self.head_prepacked).float()
         else:
+            assert isinstance(self.embed_tokens, nn.Embedding), "a codes table runs packed heads"
             logits = dense_linear(hidden, self.embed_tokens.weight).float()
         return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 

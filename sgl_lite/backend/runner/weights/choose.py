@@ -32,6 +32,7 @@ from sgl_lite.backend.runner.weights.formats import (
 )
 from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.runner.weights.packing import (
+    HEAD,
     PackedModel,
     drop_dense_linears,
     exact_codes,
@@ -107,7 +108,7 @@ def codes_only_linears(
     dense, _ = resolve_dense_dtype(config.dtype, "cpu", cpu_caps())
     size = sum(quantized[name].q.numel() for name in names) * dense.itemsize
     if forced == "0" or size > DENSE_COPY_BUDGET:
-        return CodesPlan(names, "")
+        return CodesPlan(names + _codes_only_embedding(model, quantized), "")
     # A rule, not a timing: a probe timed at load chose differently on a busy machine, and the
     # mode must not change from one start to the next. Measured on the embedded model: the
     # dense GEMM takes a 256-row pass of its widest linear in 2.4 ms, MatMulNBits in 4.4.
@@ -116,6 +117,17 @@ def codes_only_linears(
         f"; a dense copy of the linears kept for prefill ({size / 2**20:.0f} MB, within "
         f"{DENSE_COPY_BUDGET >> 20} MB)",
     )
+
+
+def _codes_only_embedding(model: LlamaForCausalLM, quantized: dict[str, GroupAffine]) -> list[str]:
+    """[the token table's name] where it can stay codes (`weights.embedding`) beside codes-only
+    linears: nothing else reads the dense table once the head runs from 8-bit codes of the
+    file (the tied table's own, or an untied head's), else []."""
+    table = quantized.get(HEAD)
+    head = table if model.tied else quantized.get("lm_head.weight")
+    if table is None or head is None or head.bits != 8:
+        return []
+    return [HEAD]
 
 
 class PreparedWeights(NamedTuple):

@@ -35,7 +35,7 @@ from sgl_lite.backend.runner.weights.gguf_header import (
     read_header,
     tensor_bytes,
 )
-from sgl_lite.backend.runner.weights.quant import GroupAffine
+from sgl_lite.backend.runner.weights.quant import FUSED_PARTS, GroupAffine
 
 # GGUF tensor name (after "blk.{i}.") → transformers name (after "model.layers.{i}.")
 _LAYER_NAMES = {
@@ -125,9 +125,10 @@ def _unpermute_rows(rows: int, n_head: int) -> torch.Tensor:
 
 def _raw_rows(data: mmap.mmap, header: GGUFHeader, info: TensorInfo) -> np.ndarray:
     """A tensor's bytes as (rows, bytes per row), a view into the mapped file."""
-    rows = int(np.prod(info.dims[1:]))  # dims are innermost first: the rest are the rows
     size = tensor_bytes(info)
-    return np.frombuffer(data, np.uint8, size, header.data_start + info.offset).reshape(rows, -1)
+    return np.frombuffer(data, np.uint8, size, header.data_start + info.offset).reshape(
+        _rows(info), -1
+    )
 
 
 def _drop_pages(data: mmap.mmap, header: GGUFHeader, info: TensorInfo) -> None:
@@ -236,18 +237,60 @@ def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffin
     fused q/k/v and gate/up come as the fused linears' codes.
     """
     header = read_header(path)
-    out: dict[str, GroupAffine] = {}
     with open(path, "rb") as file:
         data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    # The parts of each fused linear (q/k/v, gate/up) by "<layer>.<fused name>", the rest alone
+    groups: dict[str, list[tuple[str, TensorInfo]]] = {}
     for info in header.tensors:
         hf = hf_name(info.name, header.architecture)
-        if hf is None or info.type_id not in gguf_blocks.BLOCK_TYPES:
-            continue
+        if hf is not None and info.type_id in gguf_blocks.BLOCK_TYPES:
+            groups.setdefault(_fused_key(hf), []).append((hf, info))
+    out: dict[str, GroupAffine] = {}
+    for members in groups.values():
+        if len({(i.type_id, tensor_bytes(i) // _rows(i)) for _, i in members}) == 1:
+            out.update(_decode_together(data, header, config, members))
+        else:  # parts in different formats (Q4_K_M's Q6_K v beside Q4_K q, k): one by one
+            for member in members:
+                out.update(_decode_together(data, header, config, [member]))
+    return out
+
+
+def _fused_key(hf: str) -> str:
+    """The fused linear a transformers weight name is part of ("model.layers.3.mlp.gate_up_proj"
+    for gate_proj and up_proj), or the name itself."""
+    for fused, parts in FUSED_PARTS.items():
+        for part in parts:
+            if len(parts) > 1 and hf.endswith(f".{part}.weight"):
+                return hf.removesuffix(f"{part}.weight") + fused
+    return hf
+
+
+def _rows(info: TensorInfo) -> int:
+    return int(np.prod(info.dims[1:]))  # dims are innermost first: the rest are the rows
+
+
+def _decode_together(
+    data: mmap.mmap,
+    header: GGUFHeader,
+    config: PretrainedConfig,
+    members: list[tuple[str, TensorInfo]],
+) -> dict[str, GroupAffine]:
+    """Tensors of one block format and row width decoded as one matrix, then given back as
+    row views of it, so fusing them later (`GroupAffine.cat`) copies nothing."""
+    raws = []
+    for hf, info in members:
         raw = _raw_rows(data, header, info)
         heads = _permuted_heads(hf, header, config)
         if heads is not None:
             # whole rows of blocks move, so permuting the raw bytes is exact and cheap
             raw = raw[_unpermute_rows(raw.shape[0], heads).numpy()]
-        out[hf] = gguf_blocks.decode(info.type_id, raw)
+        raws.append(raw)
+    whole = gguf_blocks.decode(
+        members[0][1].type_id, np.concatenate(raws) if len(raws) > 1 else raws[0]
+    )
+    out, start = {}, 0
+    for (hf, info), raw in zip(members, raws):
+        out[hf] = whole.row_slice(start, start + raw.shape[0])
+        start += raw.shape[0]
         _drop_pages(data, header, info)
     return out

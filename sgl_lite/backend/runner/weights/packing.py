@@ -20,6 +20,7 @@ import torch
 from sgl_lite.backend.runner.weights import ort_nbits
 from sgl_lite.backend.runner.weights.linear import Linear
 from sgl_lite.backend.runner.weights.quant import (
+    FUSED_PARTS,
     GroupAffine,
     Int4Weight,
     Int8Weight,
@@ -28,16 +29,8 @@ from sgl_lite.backend.runner.weights.quant import (
     check_shape,
 )
 
-# Fused linear of our model → the transformers weights it stacks, in order.
 KERNELS = ("torch", "onnxruntime")
 HEAD = "model.embed_tokens.weight"  # a tied head's own codes; an untied one is lm_head's
-
-FUSED_PARTS = {
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "self_attn.o_proj": ("self_attn.o_proj",),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-    "mlp.down_proj": ("mlp.down_proj",),
-}
 
 
 @dataclass(frozen=True)

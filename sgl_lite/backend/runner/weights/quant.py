@@ -19,6 +19,13 @@ import torch
 
 GROUP = 32  # the int4 kernel's group size; the same as GGUF's Q4_x / Q8_0 blocks
 INT_KINDS = ("int4", "int8")
+# Our decoder's linears (by name inside a layer) and the checkpoint tensors stacked into each
+FUSED_PARTS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "self_attn.o_proj": ("self_attn.o_proj",),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.down_proj": ("mlp.down_proj",),
+}
 
 
 @dataclass(frozen=True)
@@ -69,20 +76,45 @@ class GroupAffine:
         """(bits, group) of `parts` stacked by `cat`: the widest codes, the finest groups."""
         return max(p.bits for p in parts), min(p.group for p in parts)
 
+    def row_slice(self, start: int, stop: int) -> GroupAffine:
+        """Rows [start, stop) as views (no copy)."""
+        return GroupAffine(
+            self.q[start:stop],
+            self.scale[start:stop],
+            self.offset[start:stop],
+            self.bits,
+            self.group,
+        )
+
     @staticmethod
     def cat(parts: list[GroupAffine]) -> GroupAffine:
         """Rows of several matrices stacked (fused q/k/v or gate/up). Parts of different widths
         or groups (Q4_K beside Q6_K) are first widened to `fused_format`, which holds each
-        exactly."""
+        exactly. Parts that are consecutive row slices of one matrix (`row_slice`: the GGUF
+        reader decodes a fused linear's parts together) are joined without a copy."""
         bits, group = GroupAffine.fused_format(parts)
         parts = [p if (p.bits, p.group) == (bits, group) else p.widened(bits, group) for p in parts]
         return GroupAffine(
-            torch.cat([p.q for p in parts]),
-            torch.cat([p.scale for p in parts]),
-            torch.cat([p.offset for p in parts]),
+            _join_rows([p.q for p in parts]),
+            _join_rows([p.scale for p in parts]),
+            _join_rows([p.offset for p in parts]),
             bits,
             group,
         )
+
+
+def _join_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors stacked by rows: a view where they are consecutive contiguous rows of one
+    storage (a copy of a fused 1B model's codes took a quarter of its load), else a copy."""
+    first = tensors[0]
+    end = first.storage_offset()
+    for t in tensors:
+        same = t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        if not (same and t.is_contiguous() and t.storage_offset() == end):
+            return torch.cat(tensors)
+        end += t.numel()
+    rows = sum(t.shape[0] for t in tensors)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
 
 
 def check_shape(kind: str, out_features: int, in_features: int, name: str = "weight") -> None:
