@@ -7,6 +7,7 @@ leave unset from the environment (`SGL_LITE_NUM_THREADS`), and constructs the fr
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -100,6 +101,11 @@ class EngineConfig:
             raise ValueError(
                 f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, "
                 f"got {self.grammar_backend!r}"
+            )
+        if self.grammar_backend == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
+            raise ValueError(
+                "grammar_backend=xgrammar needs the xgrammar package, an optional extra: "
+                "pip install 'sgl_lite[xgrammar]' (or choose auto, llguidance or outlines)"
             )
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(

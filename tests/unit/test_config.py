@@ -41,3 +41,15 @@ def test_the_engine_takes_a_built_config_but_not_a_config_and_flags():
         assert engine.generate("x", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
     with pytest.raises(ValueError, match="not both"):
         Engine(config, runner=FakeRunner(256), tokenizer=ByteTokenizer(), max_total_tokens=5)
+
+
+def test_the_xgrammar_backend_without_its_optional_extra_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "xgrammar" else real(name, *a)
+    )
+    with pytest.raises(ValueError, match=r"pip install 'sgl_lite\[xgrammar\]'"):
+        EngineConfig(grammar_backend="xgrammar")
+    assert EngineConfig(grammar_backend="auto").grammar_backend == "auto"  # auto never needs it
