@@ -1,14 +1,14 @@
-"""Regex / JSON Schema / EBNF → compiled grammar, cached and built off the caller's thread.
+"""Regex / JSON Schema / EBNF → compiled grammar, routed by a fixed table, cached, built off
+the caller's thread.
 
 `GrammarCompiler.validate` is the fast synchronous check done at submission: it picks the
-backend (the outlines-core automaton, whose budget rule alone is exact; llguidance for
-EBNF/Lark and for schemas the automaton refuses; xgrammar when asked for) and the source it
-compiles; a JSON Schema is first rewritten into keywords the automaton and llguidance enforce
-(schema_normalize: exact rewrites, formats as subset patterns; xgrammar reads the schema as
-submitted). `submit` builds it off the caller's thread (builds.py) and shares one future per
-(backend, source) among all requests; the result is a `Grammar` (protocols.py: the
-automaton's CompiledGrammar, llguidance's LLGrammar or xgrammar's XGGrammar) whose
-`new_guide(...)` is the per-request `Guide`.
+backend from `ROUTES` (the engine's `grammar_backend` and the constraint's kind) and two named
+rules, and the source it compiles; a JSON Schema is first rewritten into keywords the automaton
+and llguidance enforce (schema_normalize: exact rewrites, formats as subset patterns; xgrammar
+reads the schema as submitted). `submit` builds it off the caller's thread (builds.py) and
+shares one future per (backend, source) among all requests; the result is a `Grammar`
+(protocols.py: the automaton's CompiledGrammar, llguidance's LLGrammar or xgrammar's
+XGGrammar) whose `new_guide(...)` is the per-request `Guide`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any, Literal, NamedTuple
 
 import jsonschema
 
-from sgl_lite.backend.constrained.automaton.cost import index_cost
 from sgl_lite.backend.constrained.automaton.grammar import DEFAULT_MASK_CACHE_STATES
 from sgl_lite.backend.constrained.automaton.index_worker import IndexWorkers
 from sgl_lite.backend.constrained.builds import GrammarBuilds
@@ -38,7 +37,6 @@ from sgl_lite.backend.constrained.matchers.xgrammar_backend import to_xgrammar
 from sgl_lite.backend.constrained.protocols import Grammar
 from sgl_lite.backend.constrained.regex_check import (
     GrammarError,
-    UnsupportedSchema,
     check_regex,
     digits_to_ascii,
 )
@@ -54,8 +52,25 @@ from sgl_lite.backend.constrained.vocab import vocabulary_for
 
 GrammarKind = Literal["regex", "json_schema", "ebnf"]
 BACKENDS = ("outlines", "llguidance", "xgrammar", "auto")
-# llguidance's refusal of patternProperties a property name can match two of
-_OVERLAPPING_PATTERNS = "patternProperty regexes"
+# The routing table: grammar_backend -> kind -> the backend that builds it. "outlines" is the
+# automaton; it cannot express a context-free grammar, so `ebnf` goes to llguidance under it.
+# `auto` gives regexes (and the frontend's dtype regexes) to the automaton, whose exact budget
+# table is its strongest guarantee on short patterns, and schemas and grammars to llguidance
+# (lazy, milliseconds to build, real recursion; the closer keeps it within max_new_tokens).
+ROUTES: dict[str, dict[str, str]] = {
+    "auto": {"regex": "outlines", "json_schema": "llguidance", "ebnf": "llguidance"},
+    "outlines": {"regex": "outlines", "json_schema": "outlines", "ebnf": "llguidance"},
+    "llguidance": {"regex": "llguidance", "json_schema": "llguidance", "ebnf": "llguidance"},
+    "xgrammar": {"regex": "xgrammar", "json_schema": "xgrammar", "ebnf": "xgrammar"},
+}
+# Named rules on top of the table (each has its test in tests/tokenizer/test_constrained_routing):
+# ANY_OBJECT: the any-JSON-object schema goes to llguidance under "outlines" too (the automaton
+# writes only a bounded subset of it; llguidance's recursion is exact).
+# AUTOMATON_WHERE_LLGUIDANCE_REFUSES: under "auto", a schema llguidance refuses goes to the
+# automaton if it serves it exactly. Measured on the JSON Schema Test Suite and the
+# JSONSchemaBench sample, this class is numbers past 64 bits (bignum.json) and a `$schema`
+# metaschema llguidance would fetch (vocabulary.json, format-assertion.json): 8 suite schemas,
+# no JSONSchemaBench schema.
 # NOTE: by default JSON is laid out exactly as `json.dumps` writes it: ", " and ": " between items
 # and nothing else (xgrammar's `any_whitespace=False`). A model cannot loop on whitespace, and
 # keys and separators are forced text that jump-forward appends without sampling. A configured
@@ -67,15 +82,9 @@ class GrammarCompiler:
 
     One compiler per engine. The cache is an LRU of `cache_size` compiled grammars keyed by
     (backend, normalized source), so equal patterns share one grammar whatever their kind or
-    spelling. `backend` "auto" sends each request to the automaton where it expresses the whole
-    constraint and its index is cheap to build (automaton/cost.py estimates that up front), and
-    to llguidance otherwise (EBNF, schemas with keywords the automaton refuses, patterns whose
-    index would take seconds); an automaton build that fails, or is still running at half the
-    timeout, falls back to llguidance too (the build left behind runs on at nice 19 until the
-    timeout, and is never started again for that pattern). Automaton indexes are built in child
-    processes (automaton/index_worker.py), so no build outlives the timeout. "llguidance" and
-    "xgrammar" send every request to that backend. The automaton cannot express a context-free
-    grammar, so under "outlines" an `ebnf` request goes to llguidance.
+    spelling. `backend` picks a row of `ROUTES`; under "auto" a regex goes to the automaton and
+    a schema or grammar to llguidance, with the named rules beside the table. A build that runs
+    past `timeout_s` fails with GrammarError (an automaton index build is stopped: builds.py).
     """
 
     def __init__(
@@ -110,12 +119,11 @@ class GrammarCompiler:
             timeout_s=timeout_s,
             cache_size=cache_size,
             mask_cache_states=mask_cache_states,
-            llguidance_source=self._llguidance_source,
         )
         if backend == "auto":
             # NOTE: llguidance's view of the tokenizer takes seconds to build (more on a loaded
-            # machine); built now, off the caller's thread, a fallback at half the timeout
-            # does not pay it inside the timeout
+            # machine); `auto` sends every schema to llguidance, so it is started now, off the
+            # caller's thread, rather than inside the first schema request's validation
             threading.Thread(
                 target=_warm_llguidance, args=(tokenizer,), name="llguidance-warm", daemon=True
             ).start()
@@ -155,13 +163,6 @@ class GrammarCompiler:
         """
         return self.plan(kind, pattern)[1]
 
-    def regex_for(self, kind: str, pattern: str | dict) -> str:
-        """The automaton's regex for a regex or JSON Schema whatever the backend (for callers
-        that embed it in a larger regex, e.g. tool calls); GrammarError if it cannot be one."""
-        if self.backend == "outlines":
-            return self.validate(kind, pattern)
-        return self._to_regex(kind, _prepared(kind, pattern))
-
     def plan(self, kind: str, pattern: str | dict) -> tuple[str, str]:
         """(backend, source) for a pattern; validate() with the backend that will build it."""
         found = self._plan_of(kind, pattern)
@@ -194,47 +195,50 @@ class GrammarCompiler:
         return hit
 
     def _plan(self, kind: str, pattern: str | dict) -> _Plan:
-        notes: list[str] = []
-        if self.backend == "xgrammar":
+        if kind not in ("regex", "json_schema", "ebnf"):
+            raise GrammarError(
+                f"grammar kind must be 'regex', 'json_schema' or 'ebnf', got {kind!r}"
+            )
+        route = ROUTES[self.backend][kind]
+        if route == "xgrammar":
+            if kind == "json_schema":
+                pattern = _load_schema(pattern)  # parsed once: its grammar and its notes
             source = self._xgrammar_source(kind, pattern)
-            if kind == "json_schema":  # xgrammar ignores an unknown format, as normalize drops it
-                notes = format_notes(_load_schema(pattern))
-            return _Plan("xgrammar", source, tuple(notes))
-        pattern = _prepared(kind, pattern, notes)
-
-        def llguidance() -> _Plan:
-            try:
-                return _Plan("llguidance", self._llguidance_source(kind, pattern), tuple(notes))
-            except GrammarError as exc:
-                narrowed = merged(pattern) if _OVERLAPPING_PATTERNS in str(exc) else None
-                if narrowed is None:
-                    raise
-            # NOTE: a sound restriction (schema_pattern_properties), only where it is refused
-            source = self._llguidance_source(kind, narrowed[0])
-            return _Plan("llguidance", source, (*notes, *narrowed[1]))
-
-        # a grammar, or "any JSON object" (unbounded nesting), needs a real grammar backend
-        if kind == "ebnf" or self.backend == "llguidance" or _any_object(kind, pattern):
-            return llguidance()
+            unknown = format_notes(pattern) if kind == "json_schema" else []
+            return _Plan("xgrammar", source, tuple(unknown))  # it ignores an unknown format too
+        found: list[str] = []
+        pattern = _prepared(kind, pattern, found)
+        notes = tuple(found)
+        if route == "outlines" and _any_object(kind, pattern):  # ANY_OBJECT
+            route = "llguidance"
+        if route == "outlines":
+            return _Plan("outlines", self._to_regex(kind, pattern), notes)
         try:
-            regex = self._to_regex(kind, pattern)
-        except UnsupportedSchema as exc:
-            if self.backend != "auto":
+            return self._llguidance_plan(kind, pattern, notes)
+        except GrammarError as refused:
+            if self.backend != "auto" or kind != "json_schema":
+                raise
+            try:  # AUTOMATON_WHERE_LLGUIDANCE_REFUSES
+                return _Plan("outlines", self._to_regex(kind, pattern), notes)
+            except GrammarError as exc:
+                raise type(refused)(f"{refused}; the automaton refuses it too: {exc}") from None
+
+    def _llguidance_plan(self, kind: str, pattern: Any, notes: tuple[str, ...]) -> _Plan:
+        """llguidance's plan for a prepared pattern; GrammarError if refused. A schema refused
+        that has objects with two or more `patternProperties` is tried once more with them
+        merged (schema_pattern_properties: a sound restriction, said in the notes), since
+        llguidance compiles only patterns no name can match two of."""
+        try:
+            return _Plan("llguidance", self._llguidance_source(kind, pattern), notes)
+        except GrammarError as refused:
+            narrowed = merged(pattern) if kind == "json_schema" else None
+            if narrowed is None:
                 raise
             try:
-                return llguidance()
-            except GrammarError as llg:
-                raise UnsupportedSchema(f"{exc}; llguidance refuses it too: {llg}") from None
-        if self.backend != "auto":
-            return _Plan("outlines", regex, tuple(notes))
-        if self.builds.gave_up_on(regex) or index_cost(regex, self.vocab.size).expensive:
-            # NOTE: indexing such a regex takes seconds to minutes (long bounded strings,
-            # Unicode classes, large schemas); llguidance builds it lazily in milliseconds.
-            try:
-                return llguidance()
+                source = self._llguidance_source(kind, narrowed[0])
             except GrammarError:
-                pass  # the automaton may still make it within the timeout
-        return _Plan("outlines", regex, tuple(notes), (kind, pattern))
+                raise refused from None
+        return _Plan("llguidance", source, (*notes, *narrowed[1]))
 
     def _llguidance_source(self, kind: str, pattern: Any) -> str:
         """llguidance's grammar for a prepared pattern (see _prepared); GrammarError if refused."""
@@ -248,9 +252,8 @@ class GrammarCompiler:
         return source
 
     def _xgrammar_source(self, kind: str, pattern: str | dict) -> str:
-        if kind == "json_schema":
-            pattern = _load_schema(pattern)
-        elif kind == "regex" and not isinstance(pattern, str):
+        """xgrammar's source for a pattern (a json_schema already loaded and checked)."""
+        if kind == "regex" and not isinstance(pattern, str):
             raise GrammarError(f"regex must be a string, got {type(pattern).__name__}")
         return to_xgrammar(kind, pattern, whitespace=self.whitespace_pattern)
 
@@ -273,7 +276,7 @@ class GrammarCompiler:
 
         Invalid patterns give an already-failed future (call `validate` to fail fast at
         submission). A build longer than `timeout_s` fails the future with GrammarError;
-        how builds run, share, time out and fall back: builds.py.
+        how builds run, share and time out: builds.py.
         """
         try:
             found = self._plan_of(kind, pattern)
@@ -281,7 +284,7 @@ class GrammarCompiler:
             failed: Future[Grammar] = Future()
             failed.set_exception(exc)
             return failed
-        return self.builds.submit(kind, found.backend, found.source, found.fallback)
+        return self.builds.submit(kind, found.backend, found.source)
 
     def compile(self, kind: str, pattern: str | dict) -> Grammar:
         """Blocking `submit(...).result()`: same cache, same timeout; raises GrammarError.
@@ -292,14 +295,12 @@ class GrammarCompiler:
 
 
 class _Plan(NamedTuple):
-    """What validation decided for one pattern: the backend, the source it compiles, the notes
-    for the response, and (auto, automaton) the prepared pattern llguidance builds instead if
-    the automaton's build fails or is abandoned."""
+    """What validation decided for one pattern: the backend, the source it compiles, and the
+    notes for the response."""
 
     backend: str
     source: str
     notes: tuple[str, ...] = ()
-    fallback: tuple[str, Any] | None = None
 
 
 def _warm_llguidance(tokenizer: Any) -> None:

@@ -52,13 +52,12 @@ def check_output(kind: str, pattern: str | dict, text: str) -> str | None:
             return f"output does not fully match the regex {pattern!r}"
         return None
     if kind == "json_schema":
-        schema = json.loads(pattern) if isinstance(pattern, str) else pattern
         try:
             instance = json.loads(text)
         except json.JSONDecodeError as exc:
             return f"output is not valid JSON: {exc}"
-        cls = jsonschema.validators.validator_for(schema)
-        validator = cls(schema, format_checker=_format_checker(cls))
+        # NOTE: a request carries its schema as text: parsed once per text, not per output
+        validator = _validator(pattern) if isinstance(pattern, str) else _new_validator(pattern)
         try:
             error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
         except re.error as exc:
@@ -68,6 +67,16 @@ def check_output(kind: str, pattern: str | dict, text: str) -> str | None:
         where = "/".join(str(p) for p in error.absolute_path) or "the root"
         return f"output fails the schema at {where}: {error.message}"
     raise ValueError(f"constraint kind must be 'regex' or 'json_schema', got {kind!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(text: str) -> Any:
+    return _new_validator(json.loads(text))
+
+
+def _new_validator(schema: Any) -> Any:
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema, format_checker=_format_checker(cls))
 
 
 @functools.lru_cache(maxsize=256)

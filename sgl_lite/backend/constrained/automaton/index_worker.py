@@ -2,8 +2,8 @@
 
 An index build is one call into outlines-core's Rust code that runs seconds to minutes for some
 regexes (Unicode classes, long bounded strings) and cannot be interrupted: on a thread, a build
-whose compile timed out, or that `auto` replaced with llguidance, would go on burning a core
-until it ended. In a child process it is stopped by killing the process.
+whose compile timed out would go on burning a core until it ended. In a child process it is
+stopped by killing the process.
 
 `IndexWorkers` keeps such processes for one set of vocabularies (sent to each once, at its
 start) and reuses an idle one for the next build, so a build pays a pipe round trip, not a
@@ -53,7 +53,7 @@ class WorkersUnavailable(Exception):
 
 
 class IndexJob:
-    """One build running in a worker: its result, and the means to slow it down or stop it."""
+    """One build running in a worker: its result, and the means to stop it."""
 
     def __init__(self, pool: IndexWorkers, worker: _Worker, regex: str) -> None:
         self._pool = pool
@@ -100,15 +100,6 @@ class IndexJob:
                 return
             self._stopped = True
             self._worker.kill()
-
-    def lower_priority(self, nice: int) -> None:
-        """Runs the rest of the build at `nice` (an abandoned build nobody waits for)."""
-        with self._lock:
-            if self._done:
-                return
-            # NOTE: gone already, or not on this platform: nothing to slow down
-            with contextlib.suppress(OSError, AttributeError):
-                os.setpriority(os.PRIO_PROCESS, self.pid, nice)
 
 
 class IndexWorkers:

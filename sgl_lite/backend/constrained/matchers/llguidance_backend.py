@@ -14,14 +14,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import torch
 
-from sgl_lite.backend.constrained.matchers.closer import ClosingMatcher, lowest_allowed
+from sgl_lite.backend.constrained.matchers.closer import ClosingMatcher
 from sgl_lite.backend.constrained.matchers.grammar_guide import BackendGuide, ClosableGrammar
 from sgl_lite.backend.constrained.matchers.grammar_mask import text_token_mask, unpack_bitmask
 from sgl_lite.backend.constrained.protocols import Constraint
 from sgl_lite.backend.constrained.regex_check import GrammarError
 from sgl_lite.backend.constrained.schema.formats import STRING_FORMATS
+from sgl_lite.backend.constrained.schema.keywords import schema_keywords
 from sgl_lite.backend.constrained.schema.string_pattern import ecma_spaces
 from sgl_lite.backend.constrained.vocab import KeyedCache, vocabulary_for
 
@@ -70,7 +72,9 @@ def to_llguidance(kind: str, pattern: Any, *, whitespace: str | None = None) -> 
 # keywords under which a narrower sub-schema can admit more (a narrower `not` or `if`; a oneOf
 # branch that no longer matches can leave one match where there were two; fewer matches under
 # `maxContains`): a schema using one is not narrowed at all
-_NON_MONOTONE = ("oneOf", "not", "if", "maxContains", "unevaluatedProperties", "unevaluatedItems")
+_NON_MONOTONE = frozenset(
+    ("oneOf", "not", "if", "maxContains", "unevaluatedProperties", "unevaluatedItems")
+)
 _OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 # llguidance's own date/time formats admit a leap second at any minute and year 0000, which the
 # final check refuses, and its hostname any `xn--` label, valid Punycode or not, which the final
@@ -88,10 +92,10 @@ def closed_objects(schema: Any) -> Any:
     anyOf branches is closed in its branches instead, each over its own and the object's names
     (closing both would leave only the names they share: schema_normalize's discriminated
     oneOf, whose branches name `shape` beside the object's dimensions, was unsatisfiable)."""
-    text = json.dumps(schema)
-    if any(f'"{keyword}"' in text for keyword in _NON_MONOTONE):
+    used = schema_keywords(schema)
+    if used & _NON_MONOTONE:
         return schema
-    return _close(schema, close='"allOf"' not in text)
+    return _close(schema, close="allOf" not in used)
 
 
 def _close(node: Any, names: tuple[str, ...] = (), *, close: bool) -> Any:
@@ -149,6 +153,7 @@ class LLGrammar(ClosableGrammar):
         self.eos_token_id = eos_token_id
         vocab = vocabulary_for(tokenizer)
         self.text_mask = text_token_mask(vocab)
+        self.text_words = packed_text_words(self.text_mask, eos_token_id)
         self._proto = LLMatcher(ll_tokenizer(tokenizer), grammar)
         if self._proto.is_error():
             raise GrammarError(f"llguidance cannot build the grammar: {self._proto.get_error()}")
@@ -234,9 +239,10 @@ class _LLCopy:
         )
 
     def lowest_allowed(self) -> int | None:
-        """The lowest-id allowed text token, from llguidance's bitmask."""
-        words = torch.frombuffer(bytearray(self._m.compute_bitmask()), dtype=torch.int32)
-        return lowest_allowed(words, self._grammar.text_mask, self._grammar.eos_token_id)
+        """The lowest-id allowed text token (eos excluded), from llguidance's bitmask."""
+        # NOTE: on the packed words, not closer.lowest_allowed's unpacked (V,) bool: that
+        # path's half-dozen tensor ops per call were most of a closer walk's time
+        return first_allowed(self._m.compute_bitmask(), self._grammar.text_words)
 
     def allows(self, tokens: list[int]) -> int:
         """How many of `tokens` llguidance would take from here (the state stays)."""
@@ -245,6 +251,31 @@ class _LLCopy:
     def completes(self, tokens: list[int]) -> bool:
         """Whether llguidance takes `tokens` and then eos (allowed only where complete)."""
         return ll_completes(self._m, self._grammar, tokens)
+
+
+def packed_text_words(text_mask: torch.Tensor, eos_token_id: int) -> np.ndarray:
+    """(ceil(V/32),) uint32: `text_mask` packed as the backends pack their bitmasks (bit j of
+    word w for token 32·w + j), eos cleared: what closer.lowest_allowed may return."""
+    allowed = text_mask.numpy().copy()
+    allowed[eos_token_id] = False
+    bits = np.zeros(-(-allowed.shape[0] // 32) * 32, dtype=np.uint64)
+    bits[: allowed.shape[0]] = allowed
+    weights = np.left_shift(np.uint64(1), np.arange(32, dtype=np.uint64))
+    return (bits.reshape(-1, 32) * weights).sum(axis=1).astype(np.uint32)
+
+
+def first_allowed(bitmask: bytes, text_words: np.ndarray) -> int | None:
+    """The lowest token id set in both a backend's bitmask (native uint32 words) and
+    `text_words` (packed_text_words), None if none: closer.lowest_allowed on packed words."""
+    words = np.frombuffer(bitmask, dtype=np.uint32)
+    n = min(words.shape[0], text_words.shape[0])  # ids past either vocabulary are never allowed
+    both = words[:n] & text_words[:n]
+    hits = np.flatnonzero(both)
+    if not hits.size:
+        return None
+    w = int(hits[0])
+    word = int(both[w])
+    return 32 * w + (word & -word).bit_length() - 1
 
 
 def ll_completes(matcher: Any, grammar: LLGrammar, tokens: list[int]) -> bool:

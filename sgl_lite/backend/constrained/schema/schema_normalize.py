@@ -43,7 +43,6 @@ uses the schema as submitted, never this one.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
@@ -51,6 +50,7 @@ from urllib.parse import unquote
 import jsonschema
 
 from sgl_lite.backend.constrained.schema.formats import KNOWN_FORMATS
+from sgl_lite.backend.constrained.schema.keywords import schema_keywords
 from sgl_lite.backend.constrained.schema.numbers import integer_gaps
 from sgl_lite.backend.constrained.schema.schema_merge import (
     ANNOTATIONS,
@@ -123,7 +123,7 @@ def normalize(schema: Any, notes: list[str] | None = None) -> Any:
         return schema
     # NOTE: new sub-schemas would change which properties/items count as evaluated; dropping
     # an annotation changes nothing
-    structural = "unevaluated" not in json.dumps(schema)
+    structural = not schema_keywords(schema) & {"unevaluatedProperties", "unevaluatedItems"}
     return _Normalizer(schema, structural, notes).node(schema, ())
 
 
