@@ -35,7 +35,8 @@ def dense_checkpoint(folder: Path) -> Path:
     """A Hugging Face folder with float32 safetensors of `folder`'s weights, for a peer that
     reads only such folders (vLLM): `folder` itself where it has them; for a GGUF model's
     folder (config and tokenizer only) a copy made once beside it, its weights dequantized by
-    our reader (bit for bit transformers' own dequantisation, tests/model/test_weight_formats)."""
+    our reader (bit for bit transformers' own dequantisation:
+    tests/tokenizer/test_embedded_weights.py)."""
     import shutil
 
     from safetensors.torch import save_file

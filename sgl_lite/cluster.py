@@ -27,7 +27,7 @@ _PER_WORKER = {
     "--mem-fraction-static", "--num-threads",
 }  # fmt: skip
 # Drop a dead worker within seconds (health checks, a circuit breaker opening after 2 failures)
-# and retry the requests that hit it meanwhile with backoff (tests/e2e/test_router.py).
+# and retry the requests that hit it meanwhile with backoff (tests/process/test_router.py).
 ROUTER_FLAGS = (
     "--policy", "cache_aware",
     "--health-check-interval-secs", "2",

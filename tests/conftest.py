@@ -1,8 +1,9 @@
 """Shared fixtures, the test tiers and the hypothesis profiles.
 
-Every collected test gets one tier marker from what it needs (tests/support/tiers.py: unit,
-model, tokenizer, e2e, process, cuda); `make test-fast` runs `-m "unit or model"`, where
-nothing reads a SmolLM2 file. cuda tests are skipped without a CUDA device.
+Every collected test gets its folder's tier marker (tests/support/tiers.py: tests/unit, model,
+tokenizer, e2e, process, cuda), and a test whose needs exceed its folder is refused; `-m` skips
+whole folders it cannot select. `make test-fast` runs `-m "unit or model"`, where nothing reads
+a SmolLM2 file. cuda tests are skipped without a CUDA device.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import ctypes
 import ctypes.util
 import gc
 import os
-from pathlib import Path
 
 # First: the engine's OpenMP wait policy is set before torch loads, as a user's import of the
 # engine sets it (sgl_lite/backend/omp_policy.py), so this process's engines wait as users' do.
@@ -25,7 +25,7 @@ from hypothesis import settings  # noqa: E402
 
 from tests.support import NUM_THREADS  # noqa: E402
 from tests.support.gguf_files import name_tables_built_once  # noqa: E402
-from tests.support.tiers import cannot_select, one_tier_module, tier_of  # noqa: E402
+from tests.support.tiers import cannot_select, tier_of  # noqa: E402
 from tests.support.tiny import TINY_LLAMA, build_tiny_tokenizer  # noqa: E402
 
 torch.set_num_threads(NUM_THREADS)
@@ -48,7 +48,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_ignore_collect(collection_path, config: pytest.Config) -> bool | None:
-    # A slow-to-collect module whose one tier `-m` excludes (tests/support/tiers.py).
+    # A tier folder (or a file in one) whose tier `-m` excludes: never imported.
     return True if cannot_select(config.option.markexpr or "", collection_path) else None
 
 
@@ -56,11 +56,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip_cuda = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
     for item in items:
         tier = tier_of(item)
-        one = one_tier_module(Path(item.path))
-        if one is not None and tier != one:
-            raise pytest.UsageError(
-                f"{item.nodeid} is {tier}, but COLLECTED_FOR_ONE_TIER says its module is {one}"
-            )
         item.add_marker(getattr(pytest.mark, tier))
         if tier == "cuda" and not torch.cuda.is_available():
             item.add_marker(skip_cuda)
@@ -138,6 +133,15 @@ def hf_smollm(smollm_folder):
 
     with name_tables_built_once():  # the same model, loaded in half the time
         return load_hf_model(smollm_folder, torch.float32)
+
+
+# --- the served app ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def client(url):
+    """An OpenAI client on the module's `url` (the tier's conftest.py or the module serves it)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
 
 
 # --- built in the test (unit, model) -----------------------------------------------------------

@@ -13,9 +13,6 @@ from bench import report, run
 from tests.support import NUM_THREADS
 from tests.support.gguf_files import name_tables_built_once
 
-pytestmark = pytest.mark.e2e
-
-
 # The smallest sizes that still run every path: one conversation of two turns (the second turn
 # hits the cache), one question, one JSON item at a budget a little past the shortest valid
 # output (16 tokens: the budget rule closes it; W3T's tight budget is its own), a decode batch

@@ -9,7 +9,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import httpx
-import pytest
 
 import sgl_lite as sgl
 from sgl_lite.cache_view import cached_sequences, show_cache
@@ -54,13 +53,6 @@ def path_nodes(tree: dict, ids: list[int]) -> list[dict]:
             return out
         out.append(child)
         node, pos = child, pos + child["num_tokens"]
-
-
-@pytest.fixture()
-def idle_engine(engine):
-    assert engine.flush_cache()
-    yield engine
-    engine.check_integrity()
 
 
 def test_cache_tree_matches_the_cache_after_a_scripted_sequence(idle_engine, smollm_tokenizer):

@@ -8,21 +8,11 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.support.server import url_fixture
-
-pytestmark = pytest.mark.e2e
-
-url = url_fixture()  # on the session's engine
 MESSAGES = [
     {"role": "user", "content": "What is the capital of France?"},
     {"role": "assistant", "content": "The capital of France is"},
 ]
 PREFILL = {"continue_final_message": True, "add_generation_prompt": False}
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
 
 
 def test_prefill_continues_the_assistant_message(client, engine):

@@ -11,8 +11,6 @@ from sgl_lite.server import create_app
 from tests.support.client_venv import run_scenario
 from tests.support.server import serve
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="module")
 def outcome(engine):  # the session's engine

@@ -13,17 +13,8 @@ import math
 import httpx
 import pytest
 
-from sgl_lite.server import create_app
 from tests.support.client_venv import run_scenario
-from tests.support.server import post, serve
-
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def url(engine):  # the session's float32 engine
-    with serve(create_app(engine)) as base:
-        yield base
+from tests.support.server import post
 
 
 @pytest.fixture(scope="module")

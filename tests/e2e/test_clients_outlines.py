@@ -14,8 +14,6 @@ from sgl_lite.server import create_app
 from tests.support.client_venv import run_scenario
 from tests.support.server import serve
 
-pytestmark = pytest.mark.e2e
-
 DATE = r"20[0-9]{2}-[01][0-9]-[0-3][0-9]"
 
 

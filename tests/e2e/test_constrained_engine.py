@@ -180,7 +180,7 @@ def test_jump_forward_runs_fewer_passes_than_tokens_and_agrees(
 def test_slow_compile_times_out_while_other_requests_finish():
     # ~4 s to build here (a long bounded repetition); the build outlives its timeout on its
     # thread, so it is kept short enough not to load the rest of the suite. The automaton
-    # backend is pinned: under "auto" a slow build falls back to llguidance, which serves it.
+    # backend is pinned ("auto" gives a regex to it too, by its routing table).
     slow_regex = "[a-z ]{0,500}"
     eng = Engine(
         num_threads=NUM_THREADS,

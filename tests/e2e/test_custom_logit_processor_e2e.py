@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import httpx
 import openai
-import pytest
 import torch
 
 import sgl_lite
-from tests.support.server import engine_fixture, url_fixture
-
-pytestmark = pytest.mark.e2e
+from tests.support.server import engine_fixture
 
 engine = engine_fixture(enable_custom_logit_processor=True, dtype="float32")
-url = url_fixture()
 
 
 class ForceToken(sgl_lite.CustomLogitProcessor):

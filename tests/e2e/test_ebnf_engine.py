@@ -18,8 +18,6 @@ from tests.support import NUM_THREADS
 from tests.support.server import serve
 from tests.support.smollm import chat_prompt
 
-pytestmark = pytest.mark.e2e
-
 ARITHMETIC = r"""
 root ::= expr
 expr ::= term (("+" | "-") term)*

@@ -18,20 +18,11 @@ import sgl_lite as sgl
 from sgl_lite.common import common_prefix_len
 from sgl_lite.frontend.chat_template import from_tokenizer
 
-pytestmark = pytest.mark.e2e
 GREEDY = {"temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def rt(engine):
-    """A Runtime around the shared engine (never shut down here: the engine is the session's)."""
-    return sgl.Runtime(engine=engine)
-
-
-@pytest.fixture(autouse=True)
-def _engine_stays_consistent(engine):
-    yield
-    engine.check_integrity()
+# Every test leaves the engine whole (tests/e2e/conftest.py).
+pytestmark = pytest.mark.usefixtures("consistent_engine")
 
 
 def assert_ok(states) -> None:

@@ -15,20 +15,11 @@ import pytest
 
 import sgl_lite as sgl
 
-pytestmark = pytest.mark.e2e
 PROMPT = "The three most common pets are"
 
 
-@pytest.fixture(scope="module")
-def rt(engine):
-    """A Runtime around the shared engine (never shut down here: the engine is the session's)."""
-    return sgl.Runtime(engine=engine)
-
-
-@pytest.fixture(autouse=True)
-def _engine_stays_consistent(engine):
-    yield
-    engine.check_integrity()
+# Every test leaves the engine whole (tests/e2e/conftest.py).
+pytestmark = pytest.mark.usefixtures("consistent_engine")
 
 
 @sgl.function

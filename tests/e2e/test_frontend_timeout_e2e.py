@@ -13,31 +13,13 @@ from sgl_lite.frontend.backends.base import StepTimeout
 from sgl_lite.frontend.backends.engine import EngineBackend
 from sgl_lite.frontend.backends.runtime_endpoint import RuntimeEndpoint
 from sgl_lite.server import create_app
+from tests.support.engine_checks import assert_engine_whole
 from tests.support.server import serve
-
-pytestmark = pytest.mark.e2e
 
 
 @sgl.function
 def story(s, length):
     s += "Once upon a time" + sgl.gen("tale", max_tokens=length, temperature=0, ignore_eos=True)
-
-
-def assert_engine_whole(engine) -> None:
-    deadline = time.monotonic() + 30
-    while engine.get_server_info()["num_running_reqs"]:
-        assert time.monotonic() < deadline, "the timed-out request is still running"
-        time.sleep(0.05)
-    engine.check_integrity()
-    assert engine.flush_cache()
-    assert engine.get_server_info()["pool_used_tokens"] == 0
-
-
-@pytest.fixture()
-def idle_engine(engine):
-    assert engine.flush_cache()
-    yield engine
-    assert_engine_whole(engine)
 
 
 def test_engine_backend_gen_past_its_timeout_fails_and_frees_its_slots(idle_engine):

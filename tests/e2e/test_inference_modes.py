@@ -1,7 +1,7 @@
 """The two inference modes on the embedded SmolLM2 (its GGUF's own Q4_1 codes): the default
 fast mode repeats itself for the same request and passes, and the deterministic mode gives the
 same greedy tokens with the radix cache cold and warm, alone and batched, and says so in its
-server info. Their agreement with float32 is in tests/model/test_weight_formats.py."""
+server info. Their agreement with float32 is in tests/e2e/test_smollm_logits.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import pytest
 from sgl_lite.backend.engine import Engine
 from tests.support import NUM_THREADS
 from tests.support.smollm import chat_prompt
-
-pytestmark = pytest.mark.e2e
 
 GREEDY = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
 SHARED = "You are a careful assistant who answers in one short sentence. "

@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 from sgl_lite.backend.constrained import GrammarCompiler
-from sgl_lite.server import create_app
 from sgl_lite.server.openai.chat import ANY_OBJECT_SCHEMA
-from tests.support.server import serve
 from tests.support.smollm import smollm2_tokenizer
-
-pytestmark = pytest.mark.e2e
 
 DEEP = '{"a": {"b": {"c": {"d": {"e": {"f": [1, {"g": null}]}}}}}}'  # objects 7 deep
 FREE = {"type": "function", "function": {"name": "save", "parameters": {"type": "object"}}}
@@ -28,12 +23,6 @@ def depth(value) -> int:
     if isinstance(value, list):
         return 1 + max(map(depth, value), default=0)
     return 0
-
-
-@pytest.fixture(scope="module")
-def client(engine):  # the session's engine: nothing here needs an engine of its own
-    with serve(create_app(engine)) as base:
-        yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=120, max_retries=0)
 
 
 @pytest.mark.parametrize("backend", ["outlines", "auto"])

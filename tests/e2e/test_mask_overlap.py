@@ -23,8 +23,6 @@ from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.scheduler.mask_prefetch import WORKER_NAME, MaskPrefetcher
 from tests.support import NUM_THREADS
 
-pytestmark = pytest.mark.e2e
-
 PRODUCT = {
     "type": "object",
     "properties": {
@@ -67,8 +65,8 @@ def set_overlap(engine: Engine, overlap: bool) -> None:
 
 @pytest.fixture(scope="module", params=["auto", "xgrammar"])
 def engine(request) -> Iterator[Engine]:
-    """`auto` routes regexes and expressible schemas to outlines-core and the rest (any
-    object, EBNF) to llguidance; `xgrammar` takes them all. float32: the tests compare greedy
+    """`auto` routes regexes to outlines-core and schemas and EBNF to llguidance (its routing
+    table); `xgrammar` takes them all. float32: the tests compare greedy
     outputs across runs and batches, which are identical in float32 only."""
     eng = Engine(
         num_threads=NUM_THREADS,

@@ -17,7 +17,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sgl_lite.server import create_app
 from tests.support.server import flush, serve, sse_events
 
-pytestmark = pytest.mark.e2e
 MODEL = "smol-metrics"
 GREEDY = {"temperature": 0, "max_new_tokens": 6}
 LABEL = {"model_name": MODEL}

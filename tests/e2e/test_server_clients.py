@@ -5,15 +5,9 @@
 from __future__ import annotations
 
 import instructor
-import openai
 import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
-
-from sgl_lite.server import create_app
-from tests.support.server import serve
-
-pytestmark = pytest.mark.e2e
 
 
 class Person(BaseModel):
@@ -31,17 +25,6 @@ class Loose(BaseModel):
 
 
 PROMPT = "Extract the person: Alice is 30 years old."
-
-
-@pytest.fixture(scope="module")
-def url(engine):  # the session's engine: nothing here needs an engine of its own
-    with serve(create_app(engine)) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
 
 
 def ask(text: str) -> list[dict]:

@@ -12,12 +12,6 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.support.server import url_fixture
-
-pytestmark = pytest.mark.e2e
-
-url = url_fixture()  # on the session's engine
-
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 SCHEMA = {
     "type": "object",

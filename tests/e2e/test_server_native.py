@@ -12,14 +12,10 @@ import asyncio
 import json
 
 import httpx
-import pytest
 
-from tests.support.server import flush, post, server_info, url_fixture
+from tests.support.server import flush, post, server_info
 
-pytestmark = pytest.mark.e2e
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
-
-url = url_fixture()  # on the session's engine
 
 
 def test_info_endpoints_describe_model_pool_and_health(url, engine):

@@ -6,14 +6,11 @@ bodies over the limit get 413. A second app on the session's engine carries the 
 from __future__ import annotations
 
 import httpx
-import pytest
 
 from tests.support.server import flush, post, server_info, url_fixture
 
-pytestmark = pytest.mark.e2e
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
 
-url = url_fixture()  # on the session's engine
 KEY = "sk-test-key"
 guarded_url = url_fixture("guarded_url", api_key=KEY, served_model_name="smol", max_body_bytes=4096)
 

@@ -10,12 +10,9 @@ import itertools
 import httpx
 import pytest
 
-from tests.support.server import flush, post, sse_events, url_fixture, wait_idle
+from tests.support.server import flush, post, sse_events, wait_idle
 
-pytestmark = pytest.mark.e2e
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
-
-url = url_fixture()  # on the session's engine
 
 
 def test_stream_sends_cumulative_text_and_only_new_logprobs(url):

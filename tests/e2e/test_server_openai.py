@@ -11,16 +11,10 @@ import pytest
 
 from tests.support.server import flush, url_fixture
 
-pytestmark = pytest.mark.e2e
 SERVED = "smollm2"
 
 
 url = url_fixture(served_model_name=SERVED)  # on the session's engine
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
 
 
 def ask(text: str) -> list[dict]:

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
 from sgl_lite.server import create_app
-from tests.support.server import engine_fixture, flush, serve, url_fixture
+from tests.support.server import engine_fixture, flush, serve
 
 MAX_TOKENS = 1  # the contract is about shapes: one token answers as a long output would
 CHECKS = [
@@ -30,7 +30,6 @@ STATUSES: Counter[int] = Counter()  # what the fuzzing saw, to check it reached 
 
 
 engine = engine_fixture(request_timeout=5)  # schemathesis' long generations end in 5 s
-url = url_fixture()
 
 
 def _published_spec() -> dict:

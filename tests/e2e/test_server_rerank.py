@@ -13,7 +13,6 @@ import pytest
 from sgl_lite.server.openai.rerank import RerankRequest, answer_ids, relevance, rerank_prompts
 from tests.support.server import flush, url_fixture
 
-pytestmark = pytest.mark.e2e
 SERVED = "cross-encoder/ms-marco-MiniLM-L6-v2"  # the name SGLang's rerank tests serve under
 # SGLang's rerank fixtures (sglang.test.runners.TEST_RERANK_QUERY_DOCS), as its tests send them
 QUERY_DOCS = [

@@ -11,7 +11,6 @@ import pytest
 
 from tests.support.server import flush, url_fixture
 
-pytestmark = pytest.mark.e2e
 SERVED = "smollm2"
 QUERY = "The capital of France is"
 ITEMS = [" Paris", " London", " Berlin"]

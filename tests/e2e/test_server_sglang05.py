@@ -13,12 +13,7 @@ from sgl_lite.server.compat import (
     SAMPLING_NOOPS,
     SAMPLING_REFUSED,
 )
-from tests.support.server import flush, url_fixture
-
-pytestmark = pytest.mark.e2e
-
-
-url = url_fixture()  # on the session's engine
+from tests.support.server import flush
 
 
 def generate(url: str, **body) -> httpx.Response:

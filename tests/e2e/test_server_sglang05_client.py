@@ -20,7 +20,6 @@ import pytest
 from sgl_lite.server import create_app
 from tests.support.server import serve
 
-pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("sglang05_programs.py")
 

@@ -10,12 +10,7 @@ from __future__ import annotations
 import pytest
 import sglang as sgl  # installed by `make setup-dev` (see above)
 
-from tests.support.server import flush, url_fixture, wait_idle
-
-pytestmark = pytest.mark.e2e
-
-
-url = url_fixture()  # on the session's engine
+from tests.support.server import flush, wait_idle
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,6 @@ import re
 import httpx
 import pytest
 
-from tests.support.server import url_fixture
-
-pytestmark = pytest.mark.e2e
-
-url = url_fixture()  # on the session's engine
-
 SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 12}},

@@ -8,13 +8,9 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
-from sgl_lite.server import create_app
-from tests.support.server import flush, serve
-
-pytestmark = pytest.mark.e2e
+from tests.support.server import flush
 
 WEATHER = {
     "type": "function",
@@ -47,17 +43,6 @@ TIME = {
 }
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Perth", "Quito", "Seoul", "Rome", "Accra"]
-
-
-@pytest.fixture(scope="module")
-def url(engine):  # the session's engine: nothing here needs an engine of its own
-    with serve(create_app(engine)) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
 
 
 def ask(text: str) -> list[dict]:

@@ -21,8 +21,6 @@ from tests.support import NUM_THREADS
 from tests.support.gguf_files import write_gguf
 from tests.support.tiny import build_tiny_tokenizer
 
-pytestmark = pytest.mark.model
-
 PROMPT = 40  # more rows than the fast mode's int passes take: the prompt runs the dense GEMM
 
 

@@ -1,74 +1,21 @@
 """Gemma, Gemma 2 and Gemma 3 text against transformers on tiny random configs: logits of a
-prefill, a chunk over a cached prefix and a mixed batch; greedy tokens through `Engine` with the
-radix cache on and off; sliding windows shorter than the prompt and than a shared prefix."""
+prefill, a chunk over a cached prefix and a mixed batch, with sliding windows shorter than the
+prompt and soft caps that bite; the static-graph decode step. (Through `Engine`:
+tests/tokenizer/test_gemma_engine.py.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GemmaConfig
+from transformers import Gemma3TextConfig
 
-from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.kvcache.kv_pool import KVPool
 from sgl_lite.backend.runner.decode_graphs import DecodeGraphs
 from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.models.gemma import GemmaForCausalLM
 from sgl_lite.backend.runner.models.llama import head_dim_of
 from sgl_lite.backend.types import Segment
-from tests.support import NUM_THREADS
-
-WINDOW = 8
-SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=256,
-    # Larger than the default 0.02, so that scores and logits reach the soft caps below.
-    initializer_range=0.1,
-    eos_token_id=2,
-    bos_token_id=1,
-    pad_token_id=0,
-)
-GEMMA3_ROPE = {
-    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
-    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-}
-
-
-def configs(vocab_size: int) -> dict[str, object]:
-    """One config per family; windows of 8 tokens, caps low enough to bite."""
-    tiny = dict(SMALL, vocab_size=vocab_size)
-    return {
-        "gemma": GemmaConfig(**tiny),
-        "gemma2": Gemma2Config(
-            **tiny,
-            query_pre_attn_scalar=24,
-            sliding_window=WINDOW,
-            attn_logit_softcapping=1.0,
-            final_logit_softcapping=2.0,
-        ),
-        "gemma3": Gemma3TextConfig(
-            **tiny,
-            query_pre_attn_scalar=24,
-            sliding_window=WINDOW,
-            layer_types=["sliding_attention", "sliding_attention", "full_attention"]
-            + ["sliding_attention"],
-            rope_parameters={k: dict(v) for k, v in GEMMA3_ROPE.items()},
-            tie_word_embeddings=False,
-        ),
-    }
-
-
-FAMILIES = ("gemma", "gemma2", "gemma3")
-
-
-def hf_model(config) -> torch.nn.Module:
-    """transformers' model on fresh random weights, eager so caps and windows apply."""
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+from tests.support.tiny_gemma import FAMILIES, SMALL, configs, hf_model
 
 
 class TinyRunner:
@@ -172,76 +119,6 @@ def test_weights_that_do_not_fit_are_a_clear_error():
     state = dict(hf_model(config).state_dict(), **{"model.extra.weight": torch.zeros(2)})
     with pytest.raises(ValueError, match="model.extra.weight"):
         GemmaForCausalLM(config, 64).load_hf_state_dict(state)
-
-
-def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    return out[0, len(ids) :].tolist()
-
-
-def until_eos(tokens: list[int], eos: int = 2) -> list[int]:
-    """min_new_tokens in transformers masks EOS; ignore_eos here may emit it: compare up to it."""
-    return tokens[: next((i for i, t in enumerate(tokens) if t == eos), len(tokens))]
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_engine_greedy_tokens_match_transformers_generate(tmp_path, family, smollm_tokenizer):
-    """Several prompts, the longest 40 tokens (5 windows), decoding past the window, batched."""
-    hf = hf_model(configs(smollm_tokenizer.vocab_size)[family])
-    hf.save_pretrained(tmp_path)
-    smollm_tokenizer.save_pretrained(tmp_path)
-    long = "The quick brown fox jumps over the lazy dog while the cat sleeps. " * 4
-    prompts = [
-        smollm_tokenizer.encode("A tiny random model says"),
-        smollm_tokenizer.encode(long)[:40],
-        smollm_tokenizer.encode("Sliding windows forget"),
-    ]
-    assert len(prompts[1]) == 40
-    new = 12
-    expected = [until_eos(hf_greedy(hf, ids, new)) for ids in prompts]
-    params = {"temperature": 0, "max_new_tokens": new, "ignore_eos": True}
-    # Cache on, off, and on with prompts cut into 16-token chunks (2 windows).
-    for disable, chunk in ((False, 2048), (True, 2048), (False, 16)):
-        with Engine(
-            model_path=str(tmp_path),
-            num_threads=NUM_THREADS,
-            max_total_tokens=512,
-            disable_radix_cache=disable,
-            chunked_prefill_size=chunk,
-            dtype="float32",
-        ) as engine:
-            batched = engine.generate(input_ids=prompts, sampling_params=params)
-            alone = [engine.generate(input_ids=ids, sampling_params=params) for ids in prompts]
-        for want, got, again in zip(expected, batched, alone):
-            assert got["output_ids"][: len(want)] == want, f"cache off: {disable}, chunk {chunk}"
-            assert again["output_ids"] == got["output_ids"]
-
-
-@pytest.mark.parametrize("family", ("gemma2", "gemma3"))
-def test_prefix_shared_through_the_cache_is_longer_than_the_window(
-    tmp_path, family, smollm_tokenizer
-):
-    """Two requests share a 30-token prefix (almost 4 windows): the second reads it from the
-    radix cache and still decodes what transformers does from scratch."""
-    hf = hf_model(configs(smollm_tokenizer.vocab_size)[family])
-    hf.save_pretrained(tmp_path)
-    smollm_tokenizer.save_pretrained(tmp_path)
-    prefix = smollm_tokenizer.encode("In a village by the sea there lived an old sailor who " * 3)
-    prefix = prefix[:30]
-    prompts = [prefix + smollm_tokenizer.encode(t) for t in (" told tales", " sang songs at night")]
-    new = 12
-    expected = [until_eos(hf_greedy(hf, ids, new)) for ids in prompts]
-    params = {"temperature": 0, "max_new_tokens": new, "ignore_eos": True}
-    with Engine(
-        model_path=str(tmp_path), num_threads=NUM_THREADS, max_total_tokens=512, dtype="float32"
-    ) as engine:
-        first = engine.generate(input_ids=prompts[0], sampling_params=params)
-        second = engine.generate(input_ids=prompts[1], sampling_params=params)
-        cached = second["meta_info"].get("cached_tokens")
-    assert first["output_ids"][: len(expected[0])] == expected[0]
-    assert second["output_ids"][: len(expected[1])] == expected[1]
-    assert cached is not None and cached >= len(prefix) > WINDOW
 
 
 def test_gemma_decode_through_the_static_graph_buffers_equals_the_eager_step():

@@ -1,10 +1,9 @@
-"""Weight formats: GGUF codes read exactly, packed kernels equal their dense matrices, every mode
-the engine can choose agrees with float32, and impossible requests are clear errors."""
+"""Weight formats: GGUF blocks decoded as gguf-py does, packed kernels equal their dense matrices,
+the int path of a tiny model gives the same bits in every pass shape, and impossible requests
+are clear errors. (The embedded file read exactly: tests/tokenizer/test_embedded_weights.py;
+its modes against float32: tests/e2e/test_smollm_logits.py.)"""
 
 from __future__ import annotations
-
-import math
-from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -16,53 +15,11 @@ from sgl_lite.backend.kvcache.kv_pool import KVPool
 from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.models.llama import LlamaForCausalLM, head_dim_of
 from sgl_lite.backend.runner.weights import gguf_blocks, quant
-from sgl_lite.backend.runner.weights.cpu import cpu_caps, rows_invariant
+from sgl_lite.backend.runner.weights.cpu import cpu_caps
 from sgl_lite.backend.runner.weights.formats import resolve_format
-from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
 from sgl_lite.backend.runner.weights.packing import pack_model
-from sgl_lite.backend.types import Segment
-from tests.support.gguf_files import name_tables_built_once
+from tests.support.runner_logits import chunked_logits
 from tests.support.tiny import TINY_LLAMA
-
-# A fixed natural text for perplexity (no repetition, so the figure means something).
-PPL_TEXT = (
-    "The lighthouse keeper climbed the narrow stairs every evening at dusk, carrying a can of "
-    "oil and a cloth for the lens. For thirty years he had watched ships pass the rocky point, "
-    "some heading north with timber, others returning south with coal and grain. In winter the "
-    "storms came quickly, and the waves broke over the lower windows of the tower. He kept a "
-    "logbook in which he recorded the weather, the ships he saw, and the hours the lamp burned. "
-    "When the government replaced the lamp with an automatic light, he was asked to leave. He "
-    "moved to a small house in the village, but each night he still walked to the harbour wall "
-    "to see the beam sweep across the water, and he wrote the time in his book as before. "
-    "Children from the school sometimes followed him, asking about shipwrecks and sea monsters, "
-    "and he told them about the night a fishing boat lost its engine near the reef."
-)
-
-
-def _runner(folder, **kwargs) -> ModelRunner:
-    return ModelRunner(folder, EngineConfig(max_total_tokens=1024, device="cpu", **kwargs))
-
-
-def _logits(runner: ModelRunner, ids: list[int], chunk: int) -> torch.Tensor:
-    """All-position logits, fed `chunk` tokens per pass (chunk <= 16 runs the int kernels)."""
-    slots = runner.pool.alloc(len(ids))
-    rows = []
-    for start in range(0, len(ids), chunk):
-        seg = Segment(
-            token_ids=ids[start : start + chunk],
-            start=start,
-            kv_slots=slots[: start + chunk],
-            logits_from=0,
-        )
-        rows.append(runner.forward([seg]).logits)
-    runner.pool.free(slots)
-    return torch.cat(rows)
-
-
-def _perplexity(logits: torch.Tensor, ids: list[int]) -> float:
-    logprobs = torch.log_softmax(logits[:-1], dim=-1)
-    nll = -logprobs.gather(1, torch.tensor(ids[1:])[:, None]).mean()
-    return math.exp(nll.item())
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
@@ -77,33 +34,6 @@ def test_gguf_blocks_decode_as_the_gguf_package_dequantizes_them(kind):
     ours = gguf_blocks.decode(int(GGMLQuantizationType[kind]), raw).dequantize()
     theirs = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[kind]))
     assert torch.equal(ours, theirs.float())
-
-
-def test_embedded_gguf_tensors_are_exactly_transformers_dequantisation(smollm_folder):
-    """Our reader of the file (codes and dense tensors, names, q/k un-permuted) against
-    transformers' own GGUF loader, which dequantizes every tensor with gguf-py."""
-    from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    from sgl_lite.backend.runner.model_loader import gguf_source, load_config, load_state_dict
-
-    source = gguf_source(smollm_folder)
-    assert source is not None and source.suffix == ".gguf"
-    config = load_config(smollm_folder)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    with name_tables_built_once():
-        loaded = load_gguf_checkpoint(str(source), return_tensors=True, model_to_load=model)
-    state = {name: torch.as_tensor(tensor).float() for name, tensor in loaded["tensors"].items()}
-    codes = read_quantized(source, config)
-    layer_linears = [n for n in codes if n.startswith("model.layers.")]
-    assert len(layer_linears) == 7 * 30 and {codes[n].bits for n in layer_linears} == {4}
-    for name, weight in codes.items():
-        assert torch.equal(weight.dequantize(), state[name]), name
-    dense = load_state_dict(smollm_folder, config)
-    assert set(dense) == set(state)
-    for name, tensor in dense.items():
-        assert torch.equal(tensor, state[name]), name
 
 
 def test_int4_kernel_multiplies_by_its_kernel_matrix_and_stays_near_the_file():
@@ -150,12 +80,6 @@ def test_bad_dtype_and_quantization_values_name_the_field():
         resolve_format(
             dtype="auto", quantization="int4", device="cuda", caps=None, file_kind="int4"
         )
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
-def test_cuda_requested_without_cuda_is_a_clear_error(smollm_folder):
-    with pytest.raises(ValueError, match="CUDA is not available.*available: cpu"):
-        ModelRunner(smollm_folder, EngineConfig(device="cuda", max_total_tokens=64))
 
 
 def test_a_cuda_device_always_gets_an_index_and_a_missing_one_is_named(monkeypatch):
@@ -274,71 +198,9 @@ def test_tiny_model_int_path_gives_the_same_bits_in_every_pass_shape_and_stays_n
     kernels run every pass, attention in float64), near the float32 model's."""
     tiny = _TinyRunner(kind)
     ids = torch.randint(0, 256, (48,), generator=torch.Generator().manual_seed(3)).tolist()
-    whole = _logits(tiny.runner, ids, chunk=48)
+    whole = chunked_logits(tiny.runner, ids, chunk=48)
     for chunk in (1, 5, 17):
-        assert torch.equal(_logits(tiny.runner, ids, chunk), whole), f"chunk {chunk}"
-    dense = _logits(_TinyRunner(None).runner, ids, chunk=48)
+        assert torch.equal(chunked_logits(tiny.runner, ids, chunk), whole), f"chunk {chunk}"
+    dense = chunked_logits(_TinyRunner(None).runner, ids, chunk=48)
     assert (dense - whole).abs().max() <= 0.05 * dense.abs().max()
     assert (dense.argmax(-1) == whole.argmax(-1)).float().mean() >= 0.95
-
-
-@pytest.mark.e2e  # runs SmolLM2 itself (no `engine` fixture tells the tier)
-def test_deterministic_mode_runs_int_kernels_only_where_they_are_row_invariant(smollm_folder):
-    """The deterministic mode's cache on/off guarantee rests on the kernels' row invariance,
-    checked at load; where it does not hold the mode is refused, naming the kernel."""
-    torch.manual_seed(0)
-    weight = torch.randn(96, 128) * 0.05
-    if rows_invariant(quant.Int4Weight.from_float(weight)):
-        runner = _runner(smollm_folder, enable_deterministic_inference=True)
-        assert runner.format.int_kind == "int4", runner.format.describe()
-        assert runner.format.int_max_rows is None  # every pass
-    else:
-        with pytest.raises(ValueError, match="int4 kernel"):
-            _runner(smollm_folder, enable_deterministic_inference=True)
-
-
-class Float32Reference(NamedTuple):
-    """The embedded model in float32 on the two texts of the mode tests: a 64-token prompt and
-    PPL_TEXT, with the reference's logits of the first and perplexity of the second."""
-
-    prompt: list[int]
-    logits: torch.Tensor
-    text: list[int]
-    perplexity: float
-
-
-@pytest.fixture(scope="module")
-def float32_reference(smollm_folder, smollm_tokenizer) -> Float32Reference:
-    """Float32Reference, computed once for both modes (each prefill, whole)."""
-    reference = _runner(smollm_folder, dtype="float32", quantization="none")
-    prompt = smollm_tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)[:64]
-    text = smollm_tokenizer.encode(PPL_TEXT)
-    ppl = _perplexity(_logits(reference, text, chunk=len(text)), text)
-    return Float32Reference(prompt, _logits(reference, prompt, chunk=64), text, ppl)
-
-
-@pytest.mark.e2e  # runs SmolLM2 itself (no `engine` fixture tells the tier)
-@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
-def test_embedded_model_matches_float32_top1_and_perplexity_in_both_modes(
-    smollm_folder, float32_reference, deterministic
-):
-    """The default (fast) mode and the deterministic one, both on the file's Q4_1 codes, agree
-    with float32 on >= 63 of 64 next tokens and within 1 % of its perplexity, on the passes
-    that run the int kernels (decode) and on those that do not (a prefill, in the fast mode)."""
-    ours_runner = _runner(smollm_folder, enable_deterministic_inference=deterministic)
-    fmt = ours_runner.format
-    assert fmt.int_kind == "int4", fmt.describe()  # the file's own Q4_1
-    kept = ours_runner.model.layers[0].mlp.down_proj.has_dense
-    assert kept is not deterministic  # the fast mode keeps the dense weights for long passes
-    assert fmt.runs_int(1) and fmt.runs_int(64) is deterministic
-
-    prompt, ref, text, ppl_ref = float32_reference
-    assert len(prompt) == 64 and ref.shape[0] == 64
-    for chunk in (64, 1):  # one prefill, then decode steps
-        ours = _logits(ours_runner, prompt, chunk)
-        agree = (ours.argmax(-1) == ref.argmax(-1)).sum().item()
-        assert agree >= 63, f"chunk {chunk}: top-1 agreement {agree}/64 ({fmt.describe()})"
-
-    for chunk in (len(text), 1):  # one prefill; decode steps
-        ppl = _perplexity(_logits(ours_runner, text, chunk), text)
-        assert abs(ppl / ppl_ref - 1) <= 0.01, f"chunk {chunk}: ppl {ppl:.3f} vs {ppl_ref:.3f}"

@@ -1,7 +1,7 @@
 """Helpers the test modules share; no tests here. A test module imports from this package or
 uses a conftest fixture, never another test module.
 
-- `tiers`: the tier marker each test gets (tests/conftest.py applies it).
+- `tiers`: a test's tier is its folder; what it needs must fit it (tests/conftest.py).
 - `tiny`: the tokenizer trained in code and the tiny Llama shapes (unit, model tiers).
 - `fakes`: a byte tokenizer and fake model runners for the real `Engine` (no model files),
   and `ScriptedEngine`, the one engine double (canned outcomes for the server's error paths).
@@ -12,7 +12,10 @@ uses a conftest fixture, never another test module.
 - `constrained`, `constraints`: model-free decode loops on SmolLM2's tokenizer, and the
   schemas and grammars several constrained-decoding test modules share.
 - `tools`, `chat_templates`, `gguf_files`: tool definitions, real chat templates, GGUF writing
-  and the GGUF tests' tiny shapes (`TINY_GGUF`; their `private_cache` is a conftest fixture).
+  and the GGUF tests' tiny models (`TINY_GGUF`; their `private_cache` is a conftest fixture).
+- `tiny_gemma`: tiny random Gemma configs; `runner_logits`: a runner's logits fed in chunks.
+- `vllm_peer`, `fake_vllm_worker`: the vLLM bench peer over a stand-in `vllm` module.
+- `engine_checks`: an engine shared by tests is left whole (`assert_engine_whole`).
 """
 
 from __future__ import annotations

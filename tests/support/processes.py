@@ -3,7 +3,7 @@ yields it once /health answers (`running_many` several at once); `launch(*flags)
 must fail before serving.
 
 A test module that imports `running`, `running_many`, `launch` or `ENV` from here starts server
-processes: the `process` tier (tests/conftest.py reads that from the module's imports).
+processes: it lives in tests/process/ (tests/conftest.py refuses it anywhere lighter).
 """
 
 from __future__ import annotations

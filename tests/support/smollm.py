@@ -2,7 +2,7 @@
 decode loops, which need it at import time or in plain functions), and chat prompts.
 
 Tests that take it need the embedded SmolLM2's files but run no forward pass: the `tokenizer`
-tier, which such a module declares with `pytestmark = pytest.mark.tokenizer`.
+tier, tests/tokenizer/ (a lighter folder's module that imports it is refused, tiers.py).
 """
 
 from __future__ import annotations

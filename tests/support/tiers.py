@@ -1,29 +1,28 @@
-"""The test tiers: which marker a collected test gets, from what it needs (tests/conftest.py
-applies it to every test).
+"""The test tiers: a test's tier is the folder it lives in (tests/conftest.py marks every test
+with it, and refuses a test whose needs exceed its folder).
 
-Tiers are markers given by what a test needs, lightest first:
+The tiers, lightest first, one folder each:
 
-    unit       no model files: the byte tokenizer, fake runners, tokenizers built in the test
-    model      tiny random model configs (no SmolLM2 file)
-    tokenizer  SmolLM2's tokenizer or files (config, weight headers), no SmolLM2 forward pass
-    e2e        the embedded SmolLM2 run (the shared `engine`, transformers' `hf_smollm`)
-    process    child processes: servers (`launch_server`, the router), bench peers; signals
-    cuda       a CUDA device (tests/cuda; skipped without one)
+    tests/unit       no model files: the byte tokenizer, fake runners, tokenizers built in the test
+    tests/model      tiny random model configs (no SmolLM2 file)
+    tests/tokenizer  SmolLM2's tokenizer or files (config, weight headers), no SmolLM2 forward pass
+    tests/e2e        the embedded SmolLM2 run (the shared `engine`, transformers' `hf_smollm`)
+    tests/process    child processes: servers (`launch_server`, the router), bench peers; signals
+    tests/cuda       a CUDA device (skipped without one)
 
-A test's tier is the heaviest of: its directory's (tests/unit, tests/bench -> unit,
-tests/model -> model, tests/e2e -> e2e), unless the test or its module declares a tier marker
-itself (`pytestmark = pytest.mark.tokenizer`: a model-free decode loop in tests/e2e); the
-shared fixtures it uses (`FIXTURE_TIERS`, counted only where the test module does not define a
-fixture of that name itself); and `process` if its module imports a launch helper from
-tests/support/processes.py. A declared tier lighter than what the test uses is an error, so
-`-m` never selects a test by a marker it outgrew. tests/cuda is always `cuda`.
-`make test-fast` runs `-m "unit or model"`: nothing there reads a SmolLM2 file.
+A test declares no tier marker. What it visibly needs must fit its folder: the shared fixtures
+it uses (`FIXTURE_TIERS`, counted where the name resolves to tests/conftest.py's fixture, not a
+module's or a tier folder's own), the SmolLM2 tokenizer helpers its module imports
+(`HELPER_TIERS`: tests/support/smollm.py, the decode loops in tests/support/constrained.py) and
+the launch helpers of tests/support/processes.py (`process`). A test that needs more is a usage
+error naming the folder it belongs in, so `-m` never selects a test by a tier it outgrew.
+`make test-fast` runs
+`-m "unit or model"`: nothing there reads a SmolLM2 file.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,6 @@ import pytest
 from tests.support import processes
 
 TIERS = ("unit", "model", "tokenizer", "e2e", "process", "cuda")
-DIRECTORY_TIERS = {"unit": "unit", "bench": "unit", "model": "model", "e2e": "e2e", "cuda": "cuda"}
 # tests/conftest.py's fixtures that read SmolLM2 (`smollm_tokenizer` depends on `smollm_folder`).
 FIXTURE_TIERS = {
     "smollm_folder": "tokenizer",
@@ -39,75 +37,101 @@ FIXTURE_TIERS = {
     "engine": "e2e",
     "hf_smollm": "e2e",
 }
+# Helpers that load SmolLM2's tokenizer outside a fixture, by (module, name): matched on the
+# imported function's own `__module__` and `__name__`, so tests/support/constrained.py (which
+# imports the constraint layer) need not be imported to check a unit test.
+HELPER_TIERS = {
+    ("tests.support.smollm", "smollm2_tokenizer"): "tokenizer",
+    **{
+        ("tests.support.constrained", name): "tokenizer"
+        for name in (
+            "shared_compiler",
+            "decode_without_model",
+            "llg_vocab_bytes",
+            "compiler",
+            "backend_decode",
+        )
+    },
+}
 PROCESS_HELPERS = (processes.running, processes.running_many, processes.launch, processes.ENV)
 TESTS = Path(__file__).resolve().parents[1]
 
 
-def _heaviest(tiers: Iterable[str]) -> str:
-    return max(tiers, key=TIERS.index)
-
-
-def tier_of(item: pytest.Item) -> str:
-    """The tier of a collected test (see the module docstring); raises pytest.UsageError for a
-    test outside the tier directories or one whose declared tier is lighter than its needs."""
+def folder_tier(path: Path) -> str | None:
+    """The tier of the folder `path` lies in (tests/<tier>/...); None outside the tier folders."""
     try:
-        top = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        top = path.resolve().relative_to(TESTS).parts[0]
     except (ValueError, IndexError):
-        top = ""
-    if top not in DIRECTORY_TIERS:
-        raise pytest.UsageError(f"{item.nodeid}: no tier for tests/{top}/ (DIRECTORY_TIERS)")
-    if top == "cuda":
-        return "cuda"
-    declared = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
-    if len(declared) > 1:
-        raise pytest.UsageError(f"{item.nodeid}: one tier per test, got {sorted(declared)}")
+        return None
+    return top if top in TIERS else None
+
+
+def _shared(item: pytest.Item, name: str, module: dict) -> bool:
+    """Whether fixture `name` resolves to tests/conftest.py's (a module's or a tier folder's own
+    `engine`, say the unit tier's engine double, is not the shared SmolLM2 one)."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}).get(name)
+    if not defs:  # not a collected pytest item: the module's own definition is all we know
+        return name not in module
+    return getattr(defs[-1].func, "__module__", None) == "tests.conftest"
+
+
+def _needs(item: pytest.Item) -> dict[str, str]:
+    """What the test uses that has a tier: {fixture, helper or module name: tier}."""
     module = getattr(getattr(item, "module", None), "__dict__", {})
     needs = {
         name: FIXTURE_TIERS[name]
         for name in getattr(item, "fixturenames", ())
-        if name in FIXTURE_TIERS and name not in module  # a module's own `engine` is not ours
+        if name in FIXTURE_TIERS and _shared(item, name, module)
     }
+    for value in module.values():
+        key = (str(getattr(value, "__module__", "")), str(getattr(value, "__name__", "")))
+        if callable(value) and key in HELPER_TIERS:
+            needs[".".join(key)] = HELPER_TIERS[key]
     if any(value is helper for value in module.values() for helper in PROCESS_HELPERS):
         needs["tests.support.processes"] = "process"
-    floor = next(iter(declared)) if declared else DIRECTORY_TIERS[top]
-    tier = _heaviest([floor, *needs.values()])
-    if declared and tier != floor:
-        uses = ", ".join(name for name, t in needs.items() if t == tier)
-        raise pytest.UsageError(f"{item.nodeid} is marked {floor} but uses {uses}: it is {tier}")
+    return needs
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The tier of a collected test: its folder's. Raises pytest.UsageError for a test outside
+    the tier folders, one that declares a tier marker other than its folder's, and one whose
+    needs exceed its folder's tier (naming the folder it belongs in)."""
+    tier = folder_tier(Path(item.path))
+    if tier is None:
+        raise pytest.UsageError(f"{item.nodeid}: a test lives in a tier folder, tests/<tier>/")
+    declared = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+    if declared:
+        raise pytest.UsageError(
+            f"{item.nodeid} is marked {', '.join(sorted(declared))}: a test's tier is its folder"
+            f" (tests/{tier}/); drop the marker (and move the test if its folder is not its tier)"
+        )
+    if tier == "cuda":
+        return tier
+    needs = _needs(item)
+    heavier = {name: t for name, t in needs.items() if TIERS.index(t) > TIERS.index(tier)}
+    if heavier:
+        belongs = max(heavier.values(), key=TIERS.index)
+        uses = ", ".join(f"{name} ({t})" for name, t in heavier.items())
+        raise pytest.UsageError(
+            f"{item.nodeid} is in tests/{tier}/ but uses {uses}: it belongs in tests/{belongs}/"
+        )
     return tier
 
 
-# Modules that cost seconds to collect (schemathesis builds every operation's cases at
-# collection; instructor and langchain are slow imports) and whose every test is of one tier:
-# where `-m` cannot select that tier (`make test-fast`), they are not collected at all, so the
-# selection is what it would be, only sooner. tests/conftest.py checks, whenever they are
-# collected, that each of their tests is of that tier.
-COLLECTED_FOR_ONE_TIER = {
-    "e2e/test_server_openapi.py": "e2e",
-    "e2e/test_server_clients.py": "e2e",
-}
 _OPERATORS = ("and", "or", "not")
 
 
-def one_tier_module(path: Path) -> str | None:
-    """The one tier of every test in `path` if it is in COLLECTED_FOR_ONE_TIER, else None."""
-    try:
-        return COLLECTED_FOR_ONE_TIER.get(path.resolve().relative_to(TESTS).as_posix())
-    except ValueError:
-        return None
-
-
 def cannot_select(markexpr: str, path: Path) -> bool:
-    """Whether `-m markexpr` selects none of `path`'s tests, known without collecting them: the
-    module holds tests of one tier only and the expression names nothing but tiers (anything
-    else, say `-m timeout`, needs the collected tests to tell)."""
-    tier = one_tier_module(path)
+    """Whether `-m markexpr` selects nothing under `path` (a tier folder or a file in one),
+    known without collecting it: the expression names nothing but tiers (anything else, say
+    `-m timeout`, needs the collected tests to tell) and is false for the folder's tier."""
+    tier = folder_tier(path)
     words = re.findall(r"[^\s()]+", markexpr)
     if tier is None or not words or any(w not in TIERS + _OPERATORS for w in words):
         return False
 
     # Only tier names, and/or/not and parentheses (checked above, so eval sees nothing else):
-    # each name becomes whether it is this module's tier.
+    # each name becomes whether it is this folder's tier.
     def truth(word: re.Match[str]) -> str:
         return word[0] if word[0] in _OPERATORS else str(word[0] == tier)
 

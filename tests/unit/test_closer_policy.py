@@ -4,12 +4,9 @@ through `@`, where it used to take `}` for a closing bracket until its cap."""
 
 from __future__ import annotations
 
-import pytest
 import regex
 
 from sgl_lite.backend.constrained.matchers.closer import Ranked, closing_path
-
-pytestmark = pytest.mark.unit
 
 # one-byte tokens for printable ASCII, then the two-byte closers the policy prefers
 VOCAB: tuple[bytes, ...] = (*(bytes([b]) for b in range(32, 127)), b'"}', b'"]')

@@ -27,8 +27,6 @@ from sgl_lite.backend.constrained.schema.schema_normalize import normalize
 from sgl_lite.backend.constrained.schema.schema_regex import schema_to_regex
 from tests.support.tiny import build_tiny_tokenizer
 
-pytestmark = pytest.mark.unit
-
 INT = {"type": "integer"}
 CLOSED_A = {"type": "object", "properties": {"a": INT}, "additionalProperties": False}
 

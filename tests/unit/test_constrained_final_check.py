@@ -15,8 +15,6 @@ from sgl_lite.backend.constrained.schema.formats import STRING_FORMATS
 from sgl_lite.backend.constrained.schema.schema_normalize import EXTRA_FORMATS
 from tests.support.tiny import build_tiny_tokenizer
 
-pytestmark = pytest.mark.unit
-
 # (format, a valid value, an invalid one): every format Draft 2020-12 defines
 FORMATS = [
     ("date-time", "2020-01-01T10:00:00Z", "2020-01-01"),
@@ -78,3 +76,14 @@ def test_a_pattern_python_cannot_compile_is_a_violation_not_a_pass() -> None:
     violation = check_output("json_schema", schema, '"abc"')
     assert violation is not None and "cannot be checked" in violation
     assert "cannot be checked" in (check_output("regex", "\\p{L}+", "abc") or "")
+
+
+def test_a_schema_sent_as_text_is_parsed_once_for_every_output_that_uses_it() -> None:
+    from sgl_lite.backend.constrained import fidelity
+
+    text = json.dumps({"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}})
+    before = fidelity._validator.cache_info()
+    assert check_output("json_schema", text, '{"n": 3}') is None
+    assert "maximum" in (check_output("json_schema", text, '{"n": 30}') or "")
+    after = fidelity._validator.cache_info()
+    assert after.misses - before.misses <= 1 and after.hits - before.hits >= 1

@@ -26,8 +26,6 @@ from sgl_lite.backend.constrained.regex_check import UnsupportedSchema, pattern_
 from sgl_lite.backend.constrained.schema.schema_regex import schema_to_regex
 from tests.support.tiny import build_tiny_tokenizer
 
-pytestmark = pytest.mark.unit
-
 PATTERNS = [
     "^..$",
     "^[^a]+$",

@@ -96,12 +96,6 @@ def engine():
         yield eng
 
 
-@pytest.fixture(scope="module")
-def url(engine):
-    with serve(create_app(engine)) as base:
-        yield base
-
-
 def forced(token: str, **params) -> dict:
     return {**GREEDY, **params, "custom_params": {"token_id": ord(token)}}
 

@@ -10,8 +10,6 @@ import torch
 from sgl_lite.backend.runner.weights import ort_nbits
 from sgl_lite.backend.runner.weights.quant import GROUP, GroupAffine
 
-pytestmark = pytest.mark.unit
-
 # MLAS quantizes the activations to int8 per block of 32: ~0.5 % relative error, measured;
 # a wrong zero point or a dropped remainder is off by tens of percent.
 TOLERANCE = 0.02

@@ -24,9 +24,8 @@ from sgl_lite.backend.constrained.compiler import GrammarCompiler
 from sgl_lite.backend.engine.results import Submission
 from sgl_lite.backend.errors import InvalidRequest
 from sgl_lite.backend.types import FinishReason, ReqOutput
-from sgl_lite.server import create_app
 from sgl_lite.server.openai.chat import ANY_OBJECT_SCHEMA
-from tests.support.server import serve
+from tests.support.server import url_fixture
 
 WEATHER = {
     "type": "function",
@@ -122,15 +121,7 @@ def engine(tiny_tokenizer):
     return ScriptedEngine(tiny_tokenizer)
 
 
-@pytest.fixture(scope="module")
-def url(engine):
-    with serve(create_app(engine, max_stored_responses=3)) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=30, max_retries=0)
+url = url_fixture(max_stored_responses=3)
 
 
 def answer(engine: ScriptedEngine, *replies: str) -> None:

@@ -20,8 +20,6 @@ from sgl_lite.backend.constrained.schema.schema_normalize import normalize
 from sgl_lite.backend.constrained.schema.schema_pattern_properties import merged
 from sgl_lite.backend.constrained.schema.schema_regex import schema_to_regex
 
-pytestmark = pytest.mark.unit
-
 _scalar = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.sampled_from(["a", "b", 1.5]))
 INSTANCES = st.one_of(
     _scalar,

@@ -12,12 +12,7 @@ import re
 import httpx
 import pytest
 
-from sgl_lite.server import create_app
 from tests.support.fakes import ScriptedEngine
-from tests.support.server import serve
-from tests.support.tiny import build_tiny_tokenizer
-
-pytestmark = pytest.mark.unit
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 ROUTES = {
@@ -26,30 +21,17 @@ ROUTES = {
 }
 
 
-@pytest.fixture(scope="module")
-def fake():
-    engine = ScriptedEngine()
-    engine.tokenizer = build_tiny_tokenizer()  # the chat route renders its template
-    return engine
-
-
-@pytest.fixture(scope="module")
-def url(fake):
-    with serve(create_app(fake)) as base:
-        yield base
-
-
 def post(url: str, route: str, **fields) -> httpx.Response:
     return httpx.post(f"{url}{route}", json={**ROUTES[route], **fields}, timeout=30)
 
 
-def engine_params(fake: ScriptedEngine, url: str, route: str, **fields) -> dict:
+def engine_params(engine: ScriptedEngine, url: str, route: str, **fields) -> dict:
     """The sampling params the engine received for a request with `fields`."""
-    before = len(fake.submitted)
+    before = len(engine.submitted)
     response = post(url, route, **fields)
     assert response.status_code == 200, response.text
-    assert len(fake.submitted) == before + 1
-    return fake.submitted[-1]
+    assert len(engine.submitted) == before + 1
+    return engine.submitted[-1]
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -64,18 +46,18 @@ def engine_params(fake: ScriptedEngine, url: str, route: str, **fields) -> dict:
     ids=["json-object", "json-text", "regex", "grammar"],
 )
 def test_a_guided_field_reaches_the_engine_as_the_sglang_constraint(
-    fake, url, route, fields, expected
+    engine, url, route, fields, expected
 ):
-    params = engine_params(fake, url, route, **fields)
+    params = engine_params(engine, url, route, **fields)
     constraint = {k: params[k] for k in ("regex", "json_schema", "ebnf") if k in params}
     assert constraint == expected
-    assert engine_params(fake, url, route, **expected) == params  # as SGLang's own field
+    assert engine_params(engine, url, route, **expected) == params  # as SGLang's own field
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_guided_choice_is_a_regex_matching_exactly_one_choice(fake, url, route):
+def test_guided_choice_is_a_regex_matching_exactly_one_choice(engine, url, route):
     choices = ["yes", "no", "a.b", "C++ (17)", "x|y", "[tag]", "back\\slash", "New York"]
-    params = engine_params(fake, url, route, guided_choice=choices)
+    params = engine_params(engine, url, route, guided_choice=choices)
     assert set(params) & {"json_schema", "ebnf"} == set()
     pattern = re.compile(params["regex"])
     assert all(pattern.fullmatch(c) for c in choices)
@@ -95,14 +77,14 @@ def test_guided_choice_is_a_regex_matching_exactly_one_choice(fake, url, route):
     ],
     ids=lambda fields: "+".join(fields),
 )
-def test_two_constraints_are_a_400_naming_both(fake, url, route, fields):
-    before = len(fake.submitted)
+def test_two_constraints_are_a_400_naming_both(engine, url, route, fields):
+    before = len(engine.submitted)
     response = post(url, route, **fields)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert all(re.search(rf"\b{name}\b", error["message"]) for name in fields), error
     assert error["param"] in fields
-    assert len(fake.submitted) == before  # refused before the engine saw it
+    assert len(engine.submitted) == before  # refused before the engine saw it
 
 
 @pytest.mark.parametrize(
@@ -154,18 +136,18 @@ def test_a_malformed_guided_field_is_a_400_naming_it(url, route, fields, param):
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_the_backend_hint_is_a_no_op_and_a_whitespace_pattern_is_refused(fake, url, route):
-    plain = engine_params(fake, url, route, guided_regex="[a-z]+")
+def test_the_backend_hint_is_a_no_op_and_a_whitespace_pattern_is_refused(engine, url, route):
+    plain = engine_params(engine, url, route, guided_regex="[a-z]+")
     hinted = engine_params(
-        fake, url, route, guided_regex="[a-z]+", guided_decoding_backend="xgrammar"
+        engine, url, route, guided_regex="[a-z]+", guided_decoding_backend="xgrammar"
     )
     assert hinted == plain
-    unset = engine_params(fake, url, route, guided_json=SCHEMA, guided_whitespace_pattern=None)
+    unset = engine_params(engine, url, route, guided_json=SCHEMA, guided_whitespace_pattern=None)
     assert unset["json_schema"] == json.dumps(SCHEMA)
-    before = len(fake.submitted)
+    before = len(engine.submitted)
     response = post(url, route, guided_json=SCHEMA, guided_whitespace_pattern=r"[ \n]*")
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "guided_whitespace_pattern"
     assert "--constrained-json-whitespace-pattern" in error["message"]
-    assert len(fake.submitted) == before
+    assert len(engine.submitted) == before

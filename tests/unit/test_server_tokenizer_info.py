@@ -6,31 +6,12 @@ built in the test (a scripted engine: no model)."""
 from __future__ import annotations
 
 import httpx
-import pytest
 from jinja2 import BaseLoader, Environment, StrictUndefined
 
-from sgl_lite.server import create_app
-from tests.support.fakes import ScriptedEngine
-from tests.support.server import serve
-from tests.support.tiny import TINY_CHAT_TEMPLATE, build_tiny_tokenizer
-
-pytestmark = pytest.mark.unit
+from tests.support.tiny import TINY_CHAT_TEMPLATE
 
 
-@pytest.fixture(scope="module")
-def fake():
-    engine = ScriptedEngine()
-    engine.tokenizer = build_tiny_tokenizer()  # <|im_start|> bos, <|im_end|> eos, no pad
-    return engine
-
-
-@pytest.fixture(scope="module")
-def url(fake):
-    with serve(create_app(fake)) as base:
-        yield base
-
-
-def test_tokenizer_info_answers_the_special_tokens_and_the_chat_template(url, fake):
+def test_tokenizer_info_answers_the_special_tokens_and_the_chat_template(url, engine):
     for path in ("/tokenizer_info", "/v1/tokenizer_info"):
         response = httpx.get(f"{url}{path}", timeout=30)
         assert response.status_code == 200, response.text
@@ -38,20 +19,20 @@ def test_tokenizer_info_answers_the_special_tokens_and_the_chat_template(url, fa
         assert info["eos_token"] == "<|im_end|>" and info["bos_token"] == "<|im_start|>"
         assert info["pad_token"] is None and "unk_token" in info
         assert info["chat_template"] == TINY_CHAT_TEMPLATE
-        assert info["tokenizer_class"] == type(fake.tokenizer).__name__
-        assert info["max_model_len"] == fake.context_length
+        assert info["tokenizer_class"] == type(engine.tokenizer).__name__
+        assert info["max_model_len"] == engine.context_length
         assert not [k for k in info if k.endswith("_file")]  # no server file paths
 
 
-def test_tokenizer_info_serves_the_template_chat_requests_use(url, fake):
+def test_tokenizer_info_serves_the_template_chat_requests_use(url, engine):
     """The chat template is the tokenizer's as the server holds it (--chat-template replaces
     it there), not the one saved with the model."""
-    original = fake.tokenizer.chat_template
-    fake.tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    original = engine.tokenizer.chat_template
+    engine.tokenizer.chat_template = "{{ messages[0]['content'] }}"
     try:
         info = httpx.get(f"{url}/tokenizer_info", timeout=30).json()
     finally:
-        fake.tokenizer.chat_template = original
+        engine.tokenizer.chat_template = original
     assert info["chat_template"] == "{{ messages[0]['content'] }}"
 
 
@@ -84,8 +65,8 @@ class RemoteTokenizerProtocol:
         return template.render(messages=messages, add_generation_prompt=add_generation_prompt)
 
 
-def test_lm_eval_remote_tokenizer_works_against_the_server(url, fake):
-    tokenizer = fake.tokenizer
+def test_lm_eval_remote_tokenizer_works_against_the_server(url, engine):
+    tokenizer = engine.tokenizer
     remote = RemoteTokenizerProtocol(f"{url}/v1/completions")
     # eos_token_id and bos_token_id are encode(token)[0]: the special token's own id
     assert remote.encode(remote.info["eos_token"])[0] == tokenizer.eos_token_id

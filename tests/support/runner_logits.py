@@ -1,0 +1,34 @@
+"""A model runner's logits outside the engine: every position's, fed in chunks of any size (a
+short chunk runs the int kernels), and a text's perplexity from them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.types import Segment
+
+
+def chunked_logits(runner: ModelRunner, ids: list[int], chunk: int) -> torch.Tensor:
+    """All-position logits, fed `chunk` tokens per pass (chunk <= 16 runs the int kernels)."""
+    slots = runner.pool.alloc(len(ids))
+    rows = []
+    for start in range(0, len(ids), chunk):
+        seg = Segment(
+            token_ids=ids[start : start + chunk],
+            start=start,
+            kv_slots=slots[: start + chunk],
+            logits_from=0,
+        )
+        rows.append(runner.forward([seg]).logits)
+    runner.pool.free(slots)
+    return torch.cat(rows)
+
+
+def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
+    """exp of the mean negative log-likelihood of `ids[1:]` under all-position `logits`."""
+    logprobs = torch.log_softmax(logits[:-1], dim=-1)
+    nll = -logprobs.gather(1, torch.tensor(ids[1:])[:, None]).mean()
+    return math.exp(nll.item())
