@@ -24,3 +24,12 @@ import os
 
 # The thread count every engine in the tests runs with (`SGL_LITE_NUM_THREADS`, default 2).
 NUM_THREADS = int(os.environ.get("SGL_LITE_NUM_THREADS", "2"))
+
+
+def examples(n: int) -> int:
+    """A property test's example count: `n` under the CI profile (tests/conftest.py: 200
+    examples by default), a quarter of it (at least 10) under `dev`, where `make test-fast`
+    stays quick. The profile is loaded by tests/conftest.py before any test module imports."""
+    from hypothesis import settings
+
+    return n if settings.default.max_examples >= 200 else max(10, n // 4)

@@ -25,6 +25,7 @@ from sgl_lite.backend.constrained.matchers.llguidance_backend import closed_obje
 from sgl_lite.backend.constrained.schema.schema_merge import merge_all
 from sgl_lite.backend.constrained.schema.schema_normalize import normalize
 from sgl_lite.backend.constrained.schema.schema_regex import schema_to_regex
+from tests.support import examples
 from tests.support.tiny import build_tiny_tokenizer
 
 INT = {"type": "integer"}
@@ -358,7 +359,8 @@ def test_an_anyof_branch_is_closed_over_the_names_of_a_closed_object() -> None:
     ]
 
 
-@settings(max_examples=60, deadline=None)  # NOTE: no deadline, as in conftest: a loaded machine
+# NOTE: no deadline, as in conftest: a loaded machine
+@settings(max_examples=examples(60), deadline=None)
 @given(schema=_schemas(wide=False))
 def test_closed_compositions_accept_exactly_the_valid_instances(
     compilers: dict[str, GrammarCompiler], schema: Any
@@ -366,7 +368,7 @@ def test_closed_compositions_accept_exactly_the_valid_instances(
     _check(compilers, schema, wide=False)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(schema=_schemas(wide=True))
 def test_any_composition_accepts_only_valid_instances_or_is_refused(
     compilers: dict[str, GrammarCompiler], schema: Any

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from sgl_lite.backend.constrained import GrammarCompiler, GrammarError, check_output
 from sgl_lite.backend.constrained.schema.formats import STRING_FORMATS
 from sgl_lite.backend.constrained.schema.schema_normalize import EXTRA_FORMATS
+from tests.support import examples
 from tests.support.tiny import build_tiny_tokenizer
 
 # (format, a valid value, an invalid one): every format Draft 2020-12 defines
@@ -56,7 +57,7 @@ COMPILED = {**STRING_FORMATS, **EXTRA_FORMATS}
 
 
 @pytest.mark.parametrize("fmt", sorted(COMPILED))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data())
 def test_what_a_compiled_format_writes_passes_the_check(fmt: str, data: st.DataObject) -> None:
     value = data.draw(st.from_regex(COMPILED[fmt], fullmatch=True))

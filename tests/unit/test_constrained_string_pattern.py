@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from sgl_lite.backend.constrained import GrammarCompiler, GrammarError
 from sgl_lite.backend.constrained.regex_check import UnsupportedSchema, pattern_body
 from sgl_lite.backend.constrained.schema.schema_regex import schema_to_regex
+from tests.support import examples
 from tests.support.tiny import build_tiny_tokenizer
 
 PATTERNS = [
@@ -188,7 +189,7 @@ ALPHABET = 'ab "\\\n\t\x00\x1f\x7fé日😀٣\u00a0_'
 
 
 @pytest.mark.parametrize("pattern", ["^..$", "^[^a]+$", "^\\W+$", "^.{2,3}$", "a.c", "\\S+"])
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(value=st.text(alphabet=ALPHABET, max_size=4))
 def test_random_strings_are_accepted_exactly_when_the_pattern_matches(
     pattern: str, value: str

@@ -19,6 +19,7 @@ from sgl_lite.backend.constrained.regex_check import GrammarError, pattern_body
 from sgl_lite.backend.constrained.schema.schema_normalize import normalize
 from sgl_lite.backend.constrained.schema.schema_pattern_properties import merged
 from sgl_lite.backend.constrained.schema.schema_regex import schema_to_regex
+from tests.support import examples
 
 _scalar = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.sampled_from(["a", "b", 1.5]))
 INSTANCES = st.one_of(
@@ -137,7 +138,7 @@ def test_restriction_is_a_subset_and_is_noted(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(RESTRICTED))
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(value=INSTANCES)
 def test_restricted_schema_accepts_only_valid_instances(name: str, value: Any) -> None:
     schema = RESTRICTED[name][0]
@@ -211,7 +212,7 @@ def test_overlapping_pattern_properties_merge_into_one_alternation_and_are_noted
     assert len(OVERLAPPING_PATTERNS["patternProperties"]) == 2  # the input is untouched
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(value=INSTANCES)
 def test_merged_pattern_properties_accept_only_valid_instances(value: Any) -> None:
     found = merged(OVERLAPPING_PATTERNS)
@@ -234,7 +235,7 @@ SEARCH_PATTERNS = ["01$|^07", "^a$|^bc$", "^(a|b)$", "[|^]$", "a\\$", "a\\\\$", 
 
 
 @pytest.mark.parametrize("pattern", SEARCH_PATTERNS)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(text=st.text(alphabet="ab01|^$7\\x", max_size=5))
 def test_a_pattern_is_written_as_strings_it_matches_whole_a_subset_of_its_search(
     pattern: str, text: str
