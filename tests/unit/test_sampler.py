@@ -151,6 +151,20 @@ def test_a_grammar_mask_is_applied_and_padding_ids_never_win():
     assert tokens == [2]
 
 
+def test_the_stacked_grammar_masks_are_each_requests_own_in_order():
+    gen = torch.Generator().manual_seed(3)
+    masks = [torch.rand(V, generator=gen) > 0.5 for _ in range(5)]
+    reqs = [req(temperature=0) for _ in masks]
+    for r in reqs:
+        r.guide = object()  # type: ignore[assignment]  # constrained; the step's masks apply
+    logits = torch.randn(5, V, generator=gen)
+    got = Sampler._allowed(logits, reqs, dict(zip(reqs, masks)))
+    assert got.dtype == torch.bool and torch.equal(got, torch.stack(masks))
+    tokens, _ = Sampler({EOS}, V).sample_rows(logits, reqs, dict(zip(reqs, masks)))
+    expected = torch.where(torch.stack(masks), logits, float("-inf")).argmax(dim=1)
+    assert tokens == expected.tolist()
+
+
 def test_logit_bias_forces_or_bans_a_token_under_greedy_only_for_its_request():
     noise = torch.randn(3, V, generator=torch.Generator().manual_seed(0))  # fixed: no flakes
     logits = 0.1 * noise + rows(7, 7, 7)

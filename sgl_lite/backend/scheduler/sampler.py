@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from sgl_lite.backend.errors import InvalidRequest
@@ -182,6 +183,11 @@ class Sampler:
                 mask = req.guide.allowed_mask()
             got.append(mask)
         vocab = logits.shape[1]
+        if all(m.shape[0] == vocab and m.device.type == "cpu" for m in got):
+            # NOTE: numpy's stack, a plain copy on this thread: torch.stack of the bool rows
+            # runs an OpenMP region, and on a loaded machine its tail (a team thread off the
+            # cores) made it ~10 ms a step at batch 32 (p90 100 ms) for a 0.15 ms copy
+            return torch.from_numpy(np.stack([m.numpy() for m in got])).to(logits.device)
         if all(m.shape[0] == vocab for m in got):
             return torch.stack(got).to(logits.device)
         out = torch.zeros(len(got), vocab, dtype=torch.bool)
