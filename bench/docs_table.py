@@ -293,6 +293,9 @@ def render(
     body += _targets(results)  # after the workloads: a target's "n/a" points at their notes
     if shapes:
         body += _shapes(shapes)
+    from bench.lm_eval_bench import DOCS_SECTION  # the lm-eval bench's row (issue 38)
+
+    body += [DOCS_SECTION]
     return "\n".join([*head, *body, HOW]).rstrip() + "\n"
 
 
