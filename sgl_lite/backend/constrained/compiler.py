@@ -22,6 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Literal, NamedTuple
 
+import jsonschema
+
 from sgl_lite.backend.constrained.automaton.grammar import DEFAULT_MASK_CACHE_STATES
 from sgl_lite.backend.constrained.automaton.index_worker import IndexWorkers
 from sgl_lite.backend.constrained.builds import GrammarBuilds
@@ -377,8 +379,6 @@ def _load_schema(pattern: str | dict) -> dict:
         schema = pattern
     if not isinstance(schema, dict):
         raise GrammarError(f"json_schema must be a JSON object, got {type(schema).__name__}")
-    import jsonschema  # on first use (fidelity.py says why)
-
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.exceptions.SchemaError as exc:

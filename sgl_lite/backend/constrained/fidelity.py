@@ -6,10 +6,6 @@ pattern Python cannot read is a violation, never a pass. The automaton should ma
 impossible; when one happens anyway (a backend approximation, a stop string cutting the text)
 it is reported, counted in `COUNTERS`, and never passed off as success. Nothing here knows
 about requests or the engine.
-
-`jsonschema` is imported where it is first used, here and wherever the package validates a
-schema: its import builds the format extra's parsers (rfc3987-syntax's grammar, ~1.9 s), which
-every engine and server start-up paid before a schema was ever seen.
 """
 
 from __future__ import annotations
@@ -19,10 +15,9 @@ import json
 import re
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # imported where used (the module doc says why)
-    import jsonschema
+import jsonschema
 
 
 class _Counters:
@@ -63,8 +58,6 @@ def check_output(kind: str, pattern: str | dict, text: str) -> str | None:
             return f"output is not valid JSON: {exc}"
         # NOTE: a request carries its schema as text: parsed once per text, not per output
         validator = _validator(pattern) if isinstance(pattern, str) else _new_validator(pattern)
-        import jsonschema  # on first use (the module doc says why)
-
         try:
             error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
         except re.error as exc:
@@ -82,8 +75,6 @@ def _validator(text: str) -> Any:
 
 
 def _new_validator(schema: Any) -> Any:
-    import jsonschema  # on first use (the module doc says why)
-
     cls = jsonschema.validators.validator_for(schema)
     return cls(schema, format_checker=_format_checker(cls))
 
@@ -97,8 +88,6 @@ def _compiled_regex(pattern: str) -> re.Pattern[str]:
 def _format_checker(cls: Any) -> jsonschema.FormatChecker:
     """The draft's format checker, with Draft 2020-12's checks for the formats it lacks (an
     older draft's `uuid`, `duration`...), which the backends enforce whatever the draft."""
-    import jsonschema  # on first use (the module doc says why)
-
     checker = jsonschema.FormatChecker(formats=())
     latest = jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers
     checker.checkers = {**latest, **cls.FORMAT_CHECKER.checkers}

@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import jsonschema
+
 from sgl_lite.server.openai.tool_formats import ToolFormat
 from sgl_lite.server.openai.tools import ToolPlan
 
@@ -166,8 +168,6 @@ def _call_from(plan: ToolPlan, obj: Any) -> Call | None:
         except json.JSONDecodeError:
             return None
     schema = plan.schemas[obj["name"]]
-    import jsonschema  # on first use (sgl_lite/backend/constrained/fidelity.py says why)
-
     if not isinstance(args, dict) or not jsonschema.validators.validator_for(schema)(
         schema
     ).is_valid(args):

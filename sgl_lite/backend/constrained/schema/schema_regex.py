@@ -15,6 +15,8 @@ import math
 from fractions import Fraction
 from typing import Any
 
+import jsonschema
+
 from sgl_lite.backend.constrained.regex_check import (
     GrammarError,
     UnsupportedSchema,
@@ -202,8 +204,6 @@ class SchemaRegex:
         # (jsonschema tells `true` from 1, where Python's `==` does not); evolve() keeps the
         # root as the base of any $ref in the node.
         root = self.root if isinstance(self.root, dict) else {}
-        import jsonschema  # on first use (fidelity.py says why)
-
         validator = jsonschema.validators.validator_for(root)(root).evolve(schema=schema)
         kept = [
             _esc(json.dumps(v, ensure_ascii=False, separators=self._sep))
