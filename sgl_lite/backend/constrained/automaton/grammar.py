@@ -27,7 +27,7 @@ class CompiledGrammar:
 
     `index` is the token-level outlines-core Index; `byte_index` is the same regex over the
     256 single bytes (for jump-forward). Both use the regex DFA's own state ids, so a state of
-    `index` is the same state in `byte_index` (checked in tests/tokenizer/test_constrained_guide.py).
+    `index` is the same state in `byte_index` (tests/tokenizer/test_constrained_guide.py).
     `budget` holds the fewest tokens from each state to an accepting state.
     """
 
