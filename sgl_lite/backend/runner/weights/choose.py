@@ -54,11 +54,15 @@ logger = logging.getLogger("sgl_lite")
 MAX_KERNEL_ERROR = 0.05
 # Set to 1 to keep the fast mode's decode steps on the torch path (the onnxruntime step's A/B).
 DISABLE_ORT_STEP_ENV = "SGL_LITE_DISABLE_ORT_STEP"
-# The most requests one onnxruntime decode step takes (its groups where every pass runs on
-# it). Measured beside the dense weights in oneDNN's layout (SmolLM2, ctx 128, AVX512-BF16
-# EPYC, 2 threads, quiet, `python -m bench.profile_step`; graph vs torch): 8 rows 21.7 vs
-# 30.6 ms, 16 rows 39.7 vs 40.8, 32 rows 64.7 vs 61.0: the graph up to 16, torch above.
+# The most requests one onnxruntime decode step takes: its row groups where every pass runs on
+# it (no dense weights to run instead).
 ORT_STEP_MAX_ROWS = 16
+# Beside dense weights (in oneDNN's layout), the decode batches the graph takes; larger ones run
+# the torch step. One step alone (SmolLM2, ctx 128, AVX512-BF16 EPYC, 2 threads, quiet,
+# `python -m bench.profile_step`; graph vs torch): 8 rows 21.7 vs 30.6 ms, 16 rows 39.7 vs 40.8.
+# The whole W4 16-prompt run (bench/sgl_engine.py w4, same machine, three pairs interleaved)
+# decides the tie: 16 rows on torch 268 / 284 / 271 tok/s, on the graph 243 / 221 / 226.
+ORT_STEP_BESIDE_DENSE_MAX_ROWS = 8
 # 1: keep dense float copies of a GGUF file's quantized linears beside their codes; 0: never;
 # unset: where they pay (`codes_only_linears`).
 DENSE_LINEARS_ENV = "SGL_LITE_DENSE_LINEARS"
@@ -192,7 +196,9 @@ def prepare_weights(
         return PreparedWeights(fmt, note)
     # The decode step runs the file's own codes whether or not torch's int kernels beat the
     # dense GEMM for the other short passes (the whole step as one graph is what wins there).
-    step, step_note = _decode_step(model, kind, quantized, threads, codes)
+    step, step_note = _decode_step(
+        model, kind, quantized, threads, codes, max_rows=ORT_STEP_BESIDE_DENSE_MAX_ROWS
+    )
     # In the format's reason, so the start-up line and /get_server_info say which step runs.
     return PreparedWeights(replace(fmt, reason=fmt.reason + step_note), note, step)
 
@@ -219,18 +225,18 @@ def _decode_step(
     threads: int,
     codes: tuple[dict[str, GroupAffine], GroupAffine] | None = None,
     consume: bool = False,
+    max_rows: int = ORT_STEP_MAX_ROWS,
 ) -> tuple[OrtDecodeStep | None, str]:
-    """The fast mode's whole decode step on onnxruntime, or None and why not (logged);
-    `codes` are `exact_codes`' answer where the caller has it, emptied by the build where
-    `consume` (nothing else may need them then: a failed build raises ModelLoadError)."""
+    """The fast mode's whole decode step on onnxruntime for passes of up to `max_rows`
+    requests, or None and why not (logged); `codes` are `exact_codes`' answer where the caller
+    has it, emptied by the build where `consume` (nothing else may need them then: a failed
+    build raises ModelLoadError)."""
     why = _ort_step_blocker(model)
     step = None
     if not why:
         try:
             linears, head = codes or exact_codes(model, kind, quantized)
-            step = OrtDecodeStep.build(
-                model, linears, head, threads, ORT_STEP_MAX_ROWS, consume=consume
-            )
+            step = OrtDecodeStep.build(model, linears, head, threads, max_rows, consume=consume)
         except Exception as exc:  # onnxruntime raises its own types; any failure falls back
             why = f"{type(exc).__name__}: {exc}"
             if consume:
