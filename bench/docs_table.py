@@ -317,9 +317,10 @@ def _shapes(shapes: dict) -> list[str]:
         table(shapes),
         "",
         "Every file here has more than 512 MB of linears once dense, so sgl_lite runs it from "
-        "the file's codes alone (docs/models.md): every pass on the onnxruntime graph (Gemma's "
-        "block too since its rows were re-measured; the other rows are an earlier run's, each "
-        "row's two systems from one run). Where its decode "
+        "the file's codes alone (docs/models.md): every pass on the onnxruntime graph. The rows "
+        "come from three runs on different sessions' machines (the Llama-1B Q4_K_M and Q4_0 rows "
+        "the latest, after the fused-parts and token-table load changes; then Gemma's; the rest "
+        "earlier): compare ratios within a row, whose two systems ran in one run. Where its decode "
         "trails, onnxruntime's profile puts ~96 % of the step in `MatMulNBits`; its prefill "
         "trails where the int8-activation GEMM at 512 rows is slower than a dense bf16 one "
         "(`SGL_LITE_DENSE_LINEARS=1` keeps a dense copy for it, at ~2 bytes a weight).",
