@@ -51,6 +51,7 @@ from bench.common import Skipped
 from bench.hf_baselines import dense_checkpoint
 from bench.lm_eval_task import write_task
 from bench.run import vllm_dtype
+from bench.serving import wait_ready
 from bench.vllm_peer import VENV_PYTHON as VLLM_PYTHON
 from bench.vllm_peer import worker_env
 from sgl_lite.backend.runner.model_loader import resolve_model_path
@@ -136,20 +137,6 @@ def clients_python() -> Path:
     return python
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
-    """Until `url`/v1/models answers; Skipped if the process exits or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-1500:]
-            raise Skipped(f"the server exited with status {proc.returncode}: {tail}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise Skipped(f"the server did not answer within {timeout:.0f} s")
-
-
 @contextlib.contextmanager
 def server(system: str, threads: int, model: Path, log: Path) -> Iterator[str]:
     """Starts `system`'s server on loopback; yields its URL; stops it."""
@@ -173,7 +160,7 @@ def server(system: str, threads: int, model: Path, log: Path) -> Iterator[str]:
     try:
         url = f"http://127.0.0.1:{port}"
         start = "sgl_lite" if system in MODES else system
-        _wait_ready(url, proc, START_TIMEOUT_S[start], log)
+        wait_ready(url, proc, START_TIMEOUT_S[start], log)
         yield url
     finally:
         stop_all([proc], timeout=30)

@@ -81,8 +81,9 @@ FIGURES = (
 )
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
-    """Until `url`/v1/models answers; Skipped if the process exits or time runs out."""
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
+    """Until `url`/v1/models answers; Skipped (with the end of `log`) if the server process
+    exits or time runs out. bench/lm_eval_bench.py starts its servers with it too."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -117,7 +118,7 @@ def server(peer: str, threads: int, model: Path, log: Path) -> Iterator[str]:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_ready(url, proc, START_TIMEOUT_S[peer], log)
+        wait_ready(url, proc, START_TIMEOUT_S[peer], log)
         yield url
     finally:
         stop_all([proc], timeout=30)
