@@ -4,7 +4,8 @@ uses a conftest fixture, never another test module.
 - `tiers`: a test's tier is its folder; what it needs must fit it (tests/conftest.py).
 - `tiny`: the tokenizer trained in code and the tiny Llama shapes (unit, model tiers).
 - `fakes`: a byte tokenizer and fake model runners for the real `Engine` (no model files),
-  and `ScriptedEngine`, the one engine double (canned outcomes for the server's error paths).
+  and the two engine doubles: `ScriptedEngine` (canned outcomes for the server's error paths)
+  and `ReplyEngine` (scripted replies checked against their constraints).
 - `mock_backend`: a scripted frontend `Backend`.
 - `server`: the HTTP app served in process on loopback, and small HTTP helpers.
 - `processes`: `python -m sgl_lite.launch_server` as a child process (the `process` tier).

@@ -4,17 +4,23 @@
 tokens as with a real byte-level BPE. `FakeRunner` keeps one "K/V" number per pool slot (the
 token written there) and predicts from the sequence it reads back through the slots, so a
 request that got wrong slots from the cache would produce different tokens. `SlowRunner` makes
-each forward pass take a while. `ScriptedEngine` is the one engine double: canned outcomes the
-real engine cannot be made to give on demand (see its docstring).
+each forward pass take a while. The two engine doubles: `ScriptedEngine` gives the canned
+outcomes the real engine cannot be made to give on demand (see its docstring); `ReplyEngine`
+answers with scripted replies checked against their constraints, for the routes that build
+prompts and constraints.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import re
 import time
 from collections.abc import Callable
+from typing import Any
 
+import jsonschema
 import torch
 
 from sgl_lite.backend.config import EngineConfig
@@ -208,3 +214,78 @@ class ScriptedEngine:
             "pool_free_tokens": 128,
             "cached_tokens": 0,
         }
+
+
+class ReplyEngine:
+    """The engine API a route uses, answering each request with the next of `replies` (two
+    tokens a streamed output). It checks the reply against the constraint it was given (regex
+    or JSON Schema), records each request's prompt ids and params, and counts cached tokens as
+    a radix cache would: the longest prefix shared with an earlier prompt and its answer. So a
+    route's own work (prompts, constraints, items, events, errors) is tested with a real
+    tokenizer and no model.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.config = EngineConfig(served_model_name="fake", device="cpu")
+        self.model_folder = "/models/fake"
+        self.context_length = 2048
+        self.tokenizer = tokenizer
+        self.replies: list[str] = []
+        self.requests: list[dict[str, Any]] = []  # each submission's prompt ids and params
+        self.seen: list[list[int]] = []  # prompt + answer ids of every request so far
+
+    def max_new_tokens_room(self, prompt_len: int) -> int:
+        return self.context_length - prompt_len
+
+    def submit(self, inp: Any, sink: Callable[[ReqOutput], None]) -> Submission:
+        ids, params, rid = inp.input_ids[0], inp.sampling_params, inp.rid[0]
+        if len(ids) + params["max_new_tokens"] > self.context_length:
+            raise InvalidRequest(
+                "max_new_tokens", "the prompt and max_new_tokens exceed the context"
+            )
+        self.requests.append({"ids": ids, "params": params})
+        text = self.replies.pop(0)
+        if "regex" in params:
+            assert re.fullmatch(params["regex"], text), (params["regex"], text)
+        if "json_schema" in params:
+            jsonschema.validate(json.loads(text), json.loads(params["json_schema"]))
+        out = self.tokenizer.encode(text, add_special_tokens=False)
+        reason = FinishReason.stop(self.tokenizer.eos_token_id)
+        if len(out) > params["max_new_tokens"]:
+            out = out[: params["max_new_tokens"]]
+            reason = FinishReason.length_reached(params["max_new_tokens"])
+        cached = max((_shared(ids, seq) for seq in self.seen), default=0)
+        self.seen.append(ids + out)
+        sent = ""
+        for k in range(0, max(len(out), 1), 2):
+            now = self.tokenizer.decode(out[: k + 2])
+            last = k + 2 >= len(out)
+            sink(
+                ReqOutput(
+                    rid=rid,
+                    text=now[len(sent) :],
+                    output_ids=tuple(out[k : k + 2]),
+                    ids_start=k,
+                    prompt_tokens=len(ids),
+                    completion_tokens=min(k + 2, len(out)),
+                    cached_tokens=cached,
+                    forced_tokens=0,
+                    e2e_latency=0.01,
+                    finish_reason=reason if last else None,
+                )
+            )
+            sent = now
+        return Submission((rid,), ((rid,),), batched=True)
+
+    def abort(self, rid: str) -> None:
+        pass
+
+    def prompt(self, i: int = -1) -> str:
+        return self.tokenizer.decode(self.requests[i]["ids"])
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

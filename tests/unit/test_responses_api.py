@@ -10,21 +10,14 @@ errors) with the real tokenizer layer and no model.
 from __future__ import annotations
 
 import json
-import re
-from types import SimpleNamespace
-from typing import Any
 
 import httpx
 import jsonschema
 import openai
 import pytest
 
-from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.constrained.compiler import GrammarCompiler
-from sgl_lite.backend.engine.results import Submission
-from sgl_lite.backend.errors import InvalidRequest
-from sgl_lite.backend.types import FinishReason, ReqOutput
 from sgl_lite.server.openai.chat import ANY_OBJECT_SCHEMA
+from tests.support.fakes import ReplyEngine
 from tests.support.server import url_fixture
 
 WEATHER = {
@@ -46,85 +39,15 @@ PET = {
 }
 
 
-class ScriptedEngine:
-    """Answers each request with the next of `replies`; see the module docstring."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.config = EngineConfig(served_model_name="fake", device="cpu")
-        self.model_folder = "/models/fake"
-        self.context_length = 2048
-        self.tokenizer = tokenizer
-        self.builder = SimpleNamespace(compiler=GrammarCompiler(tokenizer))
-        self.replies: list[str] = []
-        self.requests: list[dict[str, Any]] = []  # each submission's prompt ids and params
-        self.seen: list[list[int]] = []  # prompt + answer ids of every request so far
-
-    def max_new_tokens_room(self, prompt_len: int) -> int:
-        return self.context_length - prompt_len
-
-    def submit(self, inp, sink) -> Submission:
-        ids, params, rid = inp.input_ids[0], inp.sampling_params, inp.rid[0]
-        if len(ids) + params["max_new_tokens"] > self.context_length:
-            raise InvalidRequest(
-                "max_new_tokens", "the prompt and max_new_tokens exceed the context"
-            )
-        self.requests.append({"ids": ids, "params": params})
-        text = self.replies.pop(0)
-        if "regex" in params:
-            assert re.fullmatch(params["regex"], text), (params["regex"], text)
-        if "json_schema" in params:
-            jsonschema.validate(json.loads(text), json.loads(params["json_schema"]))
-        out = self.tokenizer.encode(text, add_special_tokens=False)
-        reason = FinishReason.stop(self.tokenizer.eos_token_id)
-        if len(out) > params["max_new_tokens"]:
-            out = out[: params["max_new_tokens"]]
-            reason = FinishReason.length_reached(params["max_new_tokens"])
-        cached = max((_shared(ids, seq) for seq in self.seen), default=0)
-        self.seen.append(ids + out)
-        sent = ""
-        for k in range(0, max(len(out), 1), 2):
-            now = self.tokenizer.decode(out[: k + 2])
-            last = k + 2 >= len(out)
-            sink(
-                ReqOutput(
-                    rid=rid,
-                    text=now[len(sent) :],
-                    output_ids=tuple(out[k : k + 2]),
-                    ids_start=k,
-                    prompt_tokens=len(ids),
-                    completion_tokens=min(k + 2, len(out)),
-                    cached_tokens=cached,
-                    forced_tokens=0,
-                    e2e_latency=0.01,
-                    finish_reason=reason if last else None,
-                )
-            )
-            sent = now
-        return Submission((rid,), ((rid,),), batched=True)
-
-    def abort(self, rid: str) -> None:
-        pass
-
-    def prompt(self, i: int = -1) -> str:
-        return self.tokenizer.decode(self.requests[i]["ids"])
-
-
-def _shared(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 @pytest.fixture(scope="module")
 def engine(tiny_tokenizer):
-    return ScriptedEngine(tiny_tokenizer)
+    return ReplyEngine(tiny_tokenizer)
 
 
 url = url_fixture(max_stored_responses=3)
 
 
-def answer(engine: ScriptedEngine, *replies: str) -> None:
+def answer(engine: ReplyEngine, *replies: str) -> None:
     engine.replies[:] = list(replies)
 
 
