@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 from collections.abc import Container
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -163,7 +162,7 @@ def _dense(info: TensorInfo, raw: np.ndarray) -> torch.Tensor:
     elif info.type_id == _BF16:
         out = torch.from_numpy(raw.copy().view(np.int16)).view(torch.bfloat16).float()
     elif info.type_id in gguf_blocks.BLOCK_TYPES:
-        out = _dequantized(gguf_blocks.decode(info.type_id, raw))
+        out = gguf_blocks.decode(info.type_id, raw).dequantize()
     else:  # the lookup-table formats (IQ*, TQ*): gguf-py's reference dequantizer
         from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize
@@ -172,20 +171,6 @@ def _dense(info: TensorInfo, raw: np.ndarray) -> torch.Tensor:
         out = torch.from_numpy(values.astype(np.float32, copy=False))
     out = out.reshape(-1, cols)
     return out[0] if len(info.dims) == 1 else out
-
-
-def _dequantized(codes: GroupAffine, chunk: int = 4096) -> torch.Tensor:
-    """`codes.dequantize()` computed `chunk` rows at a time into the result: whole, its float
-    temporaries were three times the result (1.2 GB for a 1B model's embeddings)."""
-    rows = codes.q.shape[0]
-    out = torch.empty(codes.q.shape, dtype=torch.float32)
-    for start in range(0, rows, chunk):
-        part = slice(start, start + chunk)
-        rows_codes = replace(
-            codes, q=codes.q[part], scale=codes.scale[part], offset=codes.offset[part]
-        )
-        out[part] = rows_codes.dequantize()
-    return out
 
 
 def read_dense(

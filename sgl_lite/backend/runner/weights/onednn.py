@@ -45,20 +45,28 @@ def why_not_dtype(dtype: torch.dtype) -> str | None:
     return None
 
 
+# Whether the prepacked product equals `F.linear`'s, by (shape, dtype): oneDNN picks its kernel
+# by shape and dtype, not by the values, so one probe per kind of weight answers for all of them
+# (a model has ~5 kinds and ~120 weights; a probe costs about two reorders).
+_SAME_PRODUCT: dict[tuple[tuple[int, ...], torch.dtype], bool] = {}
+
+
 def prepack(weight: torch.Tensor) -> torch.Tensor | None:
     """`weight` (out, in) in oneDNN's blocked layout, or None where it cannot be used here
-    (see `why_not`) or its product differs from `F.linear`'s on a probe row block."""
+    (see `why_not`) or its product differs from `F.linear`'s on a probe row block (checked on
+    the first weight of each shape and dtype)."""
     if why_not(weight) is not None:
         return None
+    kind = (tuple(weight.shape), weight.dtype)
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
-        probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
-        probe = probe.to(weight.dtype)
-        if not torch.equal(linear(probe, packed), F.linear(probe, weight)):
-            return None
+        if kind not in _SAME_PRODUCT:
+            probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
+            probe = probe.to(weight.dtype)
+            _SAME_PRODUCT[kind] = torch.equal(linear(probe, packed), F.linear(probe, weight))
     except RuntimeError:  # an op missing from this torch build
         return None
-    return packed
+    return packed if _SAME_PRODUCT[kind] else None
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
