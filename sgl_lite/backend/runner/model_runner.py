@@ -41,6 +41,7 @@ from sgl_lite.backend.runner.weights.choose import (
     read_file_codes,
 )
 from sgl_lite.backend.runner.weights.embedding import CodesEmbedding
+from sgl_lite.backend.runner.weights.packing import dense_from_codes_names, fill_dense_from_codes
 from sgl_lite.backend.types import ForwardOutput, Segment
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
@@ -60,8 +61,10 @@ class ModelRunner:
             model = build_model(self.hf_config, self.context_length)  # RoPE tables on the CPU
         quantized = read_file_codes(model_folder, self.hf_config, config, self.device)
         plan = codes_only_linears(model, quantized, config)
-        state = load_state_dict(model_folder, self.hf_config, skip=set(plan.names))
-        for name in plan.names:  # a shape for the checks, no memory: the codes are the weights
+        # Linears with codes get their dense copy from them (fill_dense_from_codes, below).
+        from_codes = dense_from_codes_names(model, quantized, plan.names)
+        state = load_state_dict(model_folder, self.hf_config, skip={*plan.names, *from_codes})
+        for name in [*plan.names, *from_codes]:  # a shape for the checks, no memory
             state[name] = torch.empty(quantized[name].q.shape, device="meta")
         try:
             model.load_hf_state_dict(state)
@@ -70,6 +73,7 @@ class ModelRunner:
         # The fused linears are copies (q/k/v, gate/up concatenated): the checkpoint's own
         # tensors would otherwise stay alive beside them until the runner is built.
         del state
+        fill_dense_from_codes(model, quantized, from_codes)
         self.format, pack_note, self.decode_step = prepare_weights(
             model, model_folder, config, self.device, quantized, plan
         )

@@ -106,18 +106,55 @@ def _affine_int8(weight: torch.Tensor) -> GroupAffine:
     return GroupAffine(q.view(n, k), scale, torch.zeros_like(scale), bits=8)
 
 
+def _part_names(quantized: dict[str, GroupAffine], layer: int, name: str) -> list[str] | None:
+    """The checkpoint names of fused linear `name`'s parts in `layer`, or None where the file
+    lacks codes for any of them. A file that holds the linear fused already (Phi-3's q/k/v and
+    gate/up) names it as its one part."""
+    whole = f"model.layers.{layer}.{name}.weight"
+    parts = (whole,) if whole in quantized else FUSED_PARTS[name]
+    names = [p if p == whole else f"model.layers.{layer}.{p}.weight" for p in parts]
+    return names if all(n in quantized for n in names) else None
+
+
 def _file_parts(
     quantized: dict[str, GroupAffine], layer: int, name: str, bits: int | None
 ) -> list[GroupAffine] | None:
     """The file's own codes of fused linear `name`'s parts in `layer` (`bits` wide, or of any
-    width for None), or None where the file lacks any of them. A file that holds the linear
-    fused already (Phi-3's q/k/v and gate/up) gives it as its one part."""
-    whole = quantized.get(f"model.layers.{layer}.{name}.weight")
-    names = (name,) if whole is not None else FUSED_PARTS[name]
-    parts = [quantized.get(f"model.layers.{layer}.{p}.weight") for p in names]
-    if all(p is not None and bits in (None, p.bits) for p in parts):
-        return parts  # type: ignore[return-value]
-    return None
+    width for None), or None where the file lacks any of them."""
+    names = _part_names(quantized, layer, name)
+    if names is None:
+        return None
+    parts = [quantized[n] for n in names]
+    return parts if all(bits in (None, p.bits) for p in parts) else None
+
+
+def dense_from_codes_names(
+    model: Any, quantized: dict[str, GroupAffine], codes_only: list[str]
+) -> list[str]:
+    """The checkpoint names of the decoder linears' parts whose dense weight
+    `fill_dense_from_codes` builds from the file's codes, rather than the file being decoded a
+    second time and the parts fused again in float32: every linear with codes for all its
+    parts, except those that run from their codes alone (`codes_only`)."""
+    skip = set(codes_only)
+    names: list[str] = []
+    for i, name, _ in _linears(model):
+        parts = _part_names(quantized, i, name)
+        if parts is not None and skip.isdisjoint(parts):
+            names += parts
+    return names
+
+
+def fill_dense_from_codes(model: Any, quantized: dict[str, GroupAffine], names: list[str]) -> None:
+    """Gives each decoder linear whose parts are in `names` (loaded as meta placeholders) the
+    float32 matrix of its fused codes: the values the file's dense read would give, bit for bit
+    (the same codes, the same scale * q + offset), in one dequantization of the fused linear."""
+    wanted = set(names)
+    for i, name, linear in _linears(model):
+        parts = _part_names(quantized, i, name)
+        if parts is None or not wanted.issuperset(parts):
+            continue
+        dense = GroupAffine.cat([quantized[n] for n in parts]).dequantize()
+        linear.weight = torch.nn.Parameter(dense, requires_grad=False)
 
 
 def _file_codes(
