@@ -113,6 +113,27 @@ def test_quantized_codes_of_a_written_gguf_are_exactly_its_converted_weights(
     )
 
 
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1"])
+def test_the_fast_modes_dense_linears_are_the_files_weights_from_their_codes(
+    tmp_path, tiny_tokenizer, kind
+):
+    # fill_dense_from_codes builds them from the fused codes instead of a second read
+    model = tiny_model(LlamaConfig, tiny_tokenizer, tie_word_embeddings=False)
+    gguf_file = tmp_path / f"tiny-{kind}.gguf"
+    state = write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears=kind)
+    config = EngineConfig(max_total_tokens=64, device="cpu", dtype="float32")
+    runner = ModelRunner(resolve_model_path(gguf_file), config)
+    assert runner.format.int_kind is not None  # the fast mode, with the file's codes
+    for i, layer in enumerate(runner.model.layers):
+        p = f"model.layers.{i}."
+        qkv = torch.cat([state[f"{p}self_attn.{n}_proj.weight"] for n in "qkv"])
+        gate_up = torch.cat([state[f"{p}mlp.{n}_proj.weight"] for n in ("gate", "up")])
+        assert torch.equal(layer.self_attn.qkv_proj.weight, qkv)
+        assert torch.equal(layer.self_attn.o_proj.weight, state[f"{p}self_attn.o_proj.weight"])
+        assert torch.equal(layer.mlp.gate_up_proj.weight, gate_up)
+        assert torch.equal(layer.mlp.down_proj.weight, state[f"{p}mlp.down_proj.weight"])
+
+
 def test_tokenizer_and_chat_template_come_from_the_file(tmp_path, tiny_tokenizer):
     model = tiny_model(LlamaConfig, tiny_tokenizer)
     template = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
