@@ -170,10 +170,19 @@ def backend_decode(grammar, *, seed: int, constraint=None, max_steps: int = 400,
             break
         guide.advance(token)
         out.append(token)
-        for forced in guide.forced_tokens():
-            guide.advance(forced)
-            out.append(forced)
+        jump_forward(tokenizer, guide, out)
     return tokenizer.decode(out), guide
+
+
+def jump_forward(tokenizer, guide, out: list[int]) -> int:
+    """The engine's jump-forward on a model-free decode: plan, apply and splice as
+    `OutputProcessor` does (`constrained.jump_forward`); returns the tokens it added."""
+    plan = plan_jump_forward(tokenizer, guide, out)
+    if plan is None or not apply_jump_forward(guide, plan):
+        return 0
+    before = len(out)
+    out[plan.keep :] = plan.new_ids
+    return len(out) - before
 
 
 def valid_json(schema: dict, text: str) -> bool:

@@ -14,7 +14,13 @@ import torch
 
 from sgl_lite.backend.constrained import BudgetError, GrammarError
 from sgl_lite.backend.constrained.matchers.closer import closing_path
-from tests.support.constrained import GRAMMAR_BACKENDS, ArithmeticParser, compiler, valid_json
+from tests.support.constrained import (
+    GRAMMAR_BACKENDS,
+    ArithmeticParser,
+    compiler,
+    jump_forward,
+    valid_json,
+)
 from tests.support.constraints import ARITHMETIC, SQL, SQL_REFERENCE
 from tests.support.smollm import smollm2_tokenizer
 
@@ -83,9 +89,7 @@ def budget_decode(grammar, *, seed: int, budget: int | None, constraint=None, bi
             break
         guide.advance(token)
         out.append(token)
-        for forced in guide.forced_tokens():
-            guide.advance(forced)
-            out.append(forced)
+        jump_forward(tokenizer, guide, out)
     return tokenizer.decode(out), out, guide, substitutions
 
 
@@ -209,6 +213,7 @@ def rule_cost(backend: str, name: str, seeds: int = 5, steps: int = 200) -> tupl
         for budget in (steps, None):
             gen = torch.Generator().manual_seed(seed)
             guide = grammar.new_guide(max_new_tokens=budget)
+            out: list[int] = []
             n, rule, start = 0, 0.0, time.perf_counter()
             while not guide.is_finished() and n < steps:
                 logits = torch.randn(len(tokenizer), generator=gen)
@@ -221,12 +226,11 @@ def rule_cost(backend: str, name: str, seeds: int = 5, steps: int = 200) -> tupl
                 if token == tokenizer.eos_token_id:
                     break
                 guide.advance(token)
+                out.append(token)
                 t0 = time.perf_counter()
-                forced = guide.forced_tokens()
+                forced = jump_forward(tokenizer, guide, out)
                 rule += time.perf_counter() - t0 if budget else 0.0
-                for f in forced:
-                    guide.advance(f)
-                n += 1 + len(forced)
+                n += 1 + forced
             if seed and budget:
                 rule_us.append(rule / n * 1e6)
             elif seed:

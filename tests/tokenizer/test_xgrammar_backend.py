@@ -16,6 +16,7 @@ from tests.support.constrained import (
     ArithmeticParser,
     backend_decode,
     compiler,
+    jump_forward,
     valid_json,
 )
 from tests.support.constraints import ARITHMETIC, ENFORCED, SQL, SQL_REFERENCE
@@ -98,9 +99,7 @@ def test_a_small_budget_is_refused_or_closed_never_cut(backend: str) -> None:
         token = guide.budget_substitute(int(mask.nonzero()[-1, 0]))  # the highest-id token
         guide.advance(token)
         out.append(token)
-        for forced in guide.forced_tokens():
-            guide.advance(forced)
-            out.append(forced)
+        jump_forward(smollm2_tokenizer(), guide, out)
     text = smollm2_tokenizer().decode(out)
     meta = guide.meta_info(text)
     assert len(out) <= grammar.min_tokens + 2 and valid_json(schema, text), text
