@@ -20,11 +20,6 @@ def compiler() -> GrammarCompiler:
     return GrammarCompiler(smollm2_tokenizer(), backend="outlines", timeout_s=60.0)
 
 
-@pytest.fixture(scope="module")
-def auto() -> GrammarCompiler:
-    return GrammarCompiler(smollm2_tokenizer(), backend="auto", timeout_s=60.0)
-
-
 def test_unique_items_is_served_as_at_most_one_item(compiler: GrammarCompiler) -> None:
     schema = {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True}
     assert compiler.plan("json_schema", schema)[0] == "outlines"

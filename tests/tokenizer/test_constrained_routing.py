@@ -25,11 +25,6 @@ OBJECT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
 ARITHMETIC = 'root ::= num (("+" | "*") num)*\nnum ::= [0-9]+'
 
 
-@pytest.fixture(scope="module")
-def auto() -> GrammarCompiler:
-    return GrammarCompiler(smollm2_tokenizer(), backend="auto", timeout_s=60.0)
-
-
 @pytest.mark.parametrize(
     ("kind", "pattern", "backend"),
     [

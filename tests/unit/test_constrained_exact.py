@@ -259,12 +259,6 @@ def _instances(wide: bool) -> list[Any]:
 INSTANCES = {wide: _instances(wide) for wide in (False, True)}
 
 
-@pytest.fixture(scope="module")
-def compilers() -> dict[str, GrammarCompiler]:
-    tokenizer = build_tiny_tokenizer()
-    return {b: GrammarCompiler(tokenizer, backend=b) for b in ("outlines", "auto")}
-
-
 def _acceptor(compiler: GrammarCompiler, schema: Any) -> Callable[[Any], bool] | None:
     """What the constraint `compiler` serves for `schema` accepts (None: refused)."""
     try:

@@ -200,12 +200,6 @@ def test_random_strings_are_accepted_exactly_when_the_pattern_matches(
 # -- through the compiler: the real automaton, and auto ------------------------------------
 
 
-@pytest.fixture(scope="module")
-def compilers() -> dict[str, GrammarCompiler]:
-    tokenizer = build_tiny_tokenizer()
-    return {b: GrammarCompiler(tokenizer, backend=b) for b in ("outlines", "auto")}
-
-
 @pytest.mark.parametrize("pattern", ["^..$", "^[^a😀]+$", "a.c", "\\S+", "^[ -~]*$", "^\\D$"])
 def test_the_automaton_accepts_exactly_the_strings_the_pattern_matches(
     compilers: dict[str, GrammarCompiler], pattern: str
