@@ -4,6 +4,8 @@ float minimum (the integer zero point plus its exact remainder) and for Q8_0's s
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -66,3 +68,74 @@ def test_codes_of_other_widths_and_shapes_are_refused_by_name(cols, bits, messag
     )
     with pytest.raises(ValueError, match=message):
         ort_nbits.OrtNBitsWeight.from_affine(codes, threads=1)
+
+
+def _captured_models(monkeypatch) -> list[bytes]:
+    """The serialized models handed to onnxruntime from here on (each session still made)."""
+    import onnxruntime as ort
+
+    models: list[bytes] = []
+    real = ort.InferenceSession
+
+    def record(model, *args, **kwargs):
+        models.append(model)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", record)
+    return models
+
+
+@pytest.mark.parametrize("make", [_q4_1, _q8_0], ids=["q4_1", "q8_0"])
+def test_large_constants_reach_onnxruntime_through_files_and_leave_the_callers_hands(
+    make, monkeypatch, tmp_path
+):
+    """Past FILE_BYTES the constants go through scratch files under the cache dir: the
+    caller's dict keeps none of them (so ours are freed before onnxruntime packs its own), the
+    model carries no raw weights, the files are gone once the session exists, and the product
+    is the file's matrix still."""
+    monkeypatch.setattr(ort_nbits, "FILE_BYTES", 0)
+    monkeypatch.setenv("SGL_LITE_CACHE", str(tmp_path))
+    models = _captured_models(monkeypatch)
+    affine = make(64, 256, seed=3)
+    nodes, consts = ort_nbits.linear_nodes(affine, "A", "Y")
+    large = {n for n, a in consts.items() if a.nbytes >= ort_nbits.EXTERNAL_BYTES}
+    assert any(ort_nbits.prepacked(n) for n in large)
+    session = ort_nbits.make_session(
+        nodes,
+        consts,
+        [ort_nbits.onnx_proto.value_info("A", ort_nbits.onnx_proto.FLOAT, ["T", 256])],
+        [ort_nbits.onnx_proto.value_info("Y", ort_nbits.onnx_proto.FLOAT, ["T", 64])],
+        threads=1,
+    )
+    assert not large & set(consts)
+    assert len(models[0]) < ort_nbits.EXTERNAL_BYTES * 2  # headers and nodes, no weights
+    assert not list(tmp_path.glob("ort-*"))
+    weight = ort_nbits.OrtNBitsWeight(session, (64, 256), affine.bits)
+    assert _relative_error(weight, affine, rows=3) < TOLERANCE
+
+
+def test_constants_go_in_memory_where_no_scratch_file_can_be_written(monkeypatch, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setattr(ort_nbits, "FILE_BYTES", 0)
+    monkeypatch.setenv("SGL_LITE_CACHE", str(blocker))
+    affine = _q4_1(64, 256, seed=4)
+    weight = ort_nbits.OrtNBitsWeight.from_affine(affine, threads=1)
+    assert _relative_error(weight, affine, rows=2) < TOLERANCE
+
+
+def test_a_dead_loads_scratch_folder_is_swept_and_a_live_ones_kept(monkeypatch, tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    dead = tmp_path / f"ort-{done.stdout.strip()}-abc"
+    live = tmp_path / f"ort-{os.getpid()}-def"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "packed.bin").write_bytes(b"x")
+    monkeypatch.setattr(ort_nbits, "FILE_BYTES", 0)
+    monkeypatch.setenv("SGL_LITE_CACHE", str(tmp_path))
+    ort_nbits.OrtNBitsWeight.from_affine(_q4_1(64, 256, seed=5), threads=1)
+    assert not dead.exists() and live.exists()

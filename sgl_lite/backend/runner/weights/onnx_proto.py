@@ -87,10 +87,13 @@ def tensor(name: str, array: np.ndarray) -> bytes:
     return _tensor_header(name, array) + _bytes(9, data)
 
 
-def external_tensor(name: str, array: np.ndarray, location: str = "in-memory") -> bytes:
+def external_tensor(
+    name: str, array: np.ndarray, location: str = "in-memory", offset: int = 0
+) -> bytes:
     """A TensorProto whose data lies outside the model: onnxruntime takes it from the session
-    options (`add_external_initializers`), shape and type checked against this header."""
-    entries = (("location", location), ("offset", "0"), ("length", str(array.nbytes)))
+    options (`add_external_initializers`), or from `offset` in the file `location`; shape and
+    type checked against this header."""
+    entries = (("location", location), ("offset", str(offset)), ("length", str(array.nbytes)))
     external = b"".join(_bytes(13, _str(1, k) + _str(2, v)) for k, v in entries)
     return _tensor_header(name, array) + external + _int(14, 1)  # data_location = EXTERNAL
 

@@ -25,7 +25,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -153,6 +157,91 @@ OPSETS = (("", 21), ("com.microsoft", 1))  # the ONNX opset and onnxruntime's co
 # ~100 MB of weights through protobuf (graph, model, bytes, then onnxruntime's parse) took
 # seconds of a start-up. Smaller ones (shapes, axes) stay inline, where shape inference sees them.
 EXTERNAL_BYTES = 1024
+# Where the matrices onnxruntime repacks (`prepacked`) total this much, every large constant
+# reaches it through scratch files instead, and ours are dropped before the session is made.
+# onnxruntime copies arrays handed to it and frees its copy only once repacked, so ours, its
+# copy and its packed layout were alive together: a 1B Q4_K_M model's load peaked at 3.1 GB
+# against 1.8 GB after it (1.9 GB through the files, measured). Files it maps, and unmaps each
+# matrix once repacked. Below the bound (the embedded model's step, 110 MB; one linear's
+# session) the peak is elsewhere, and a load writes nothing to disk.
+FILE_BYTES = 128 << 20
+_FILE_ALIGN = 1 << 16  # each constant's offset in a file: onnxruntime maps page-aligned data
+# The repacked matrices, unmapped once the session exists (their file's disk space freed with
+# them); the rest (scales, zero points, norms, RoPE tables: ~190 MB for the 1B model) stay
+# mapped, their unlinked file's disk space taken, for the session's life.
+_PACKED_FILE, _KEPT_FILE = "packed.bin", "kept.bin"
+_PACKED_KEYS = ("B", "R")  # the names' last parts (`linear_nodes`) of the matrices repacked
+
+
+def prepacked(name: str) -> bool:
+    """Whether the constant `name` (as `linear_nodes` names it) is a matrix onnxruntime repacks
+    into its own layout when the session is made (`MatMulNBits`' codes, `MatMul`'s remainder),
+    then drops; the scales and zero points it keeps as given."""
+    return name.rsplit(".", 1)[-1] in _PACKED_KEYS
+
+
+def _filed(consts: dict[str, np.ndarray], names: list[str], path: Path) -> list[bytes]:
+    """Writes the named constants into the file `path`, each at an aligned offset (holes
+    between them); returns their TensorProtos pointing there. Raises OSError."""
+    headers = []
+    with open(path, "wb") as file:
+        for name in names:
+            array = np.ascontiguousarray(consts[name])
+            offset = file.tell()
+            file.write(array.reshape(-1).view(np.uint8).data)
+            headers.append(onnx_proto.external_tensor(name, array, path.name, offset))
+            file.seek(-file.tell() % _FILE_ALIGN, os.SEEK_CUR)
+    return headers
+
+
+def _file_constants(
+    consts: dict[str, np.ndarray], large: list[str], options: Any, stack: contextlib.ExitStack
+) -> list[bytes] | None:
+    """The `large` constants written to scratch files (removed when `stack` closes) and taken
+    out of `consts`, `options` pointed at them; their TensorProtos, or None (nothing changed)
+    where the files cannot be written."""
+    from sgl_lite.backend.runner.model_loader import cache_dir  # it imports the weights' modules
+
+    packed = [name for name in large if prepacked(name)]
+    try:
+        root = cache_dir()
+        root.mkdir(parents=True, exist_ok=True)
+        _sweep_orphans(root)
+        scratch = tempfile.TemporaryDirectory(
+            prefix=f"ort-{os.getpid()}-", dir=root, ignore_cleanup_errors=True
+        )
+        folder = Path(stack.enter_context(scratch))
+        headers = _filed(consts, packed, folder / _PACKED_FILE)
+        headers += _filed(consts, [n for n in large if n not in packed], folder / _KEPT_FILE)
+    except OSError as exc:
+        logger.info("sgl_lite weights: constants handed to onnxruntime in memory (%s)", exc)
+        return None
+    options.add_session_config_entry(
+        "session.model_external_initializers_file_folder_path", str(folder)
+    )
+    for name in large:  # onnxruntime reads them from the files now
+        del consts[name]
+    return headers
+
+
+def _sweep_orphans(root: Path) -> None:
+    """Removes the scratch folders of loads whose process is gone (killed while its session
+    was made: ~1 GB each for a 1B model); another live process's folder is left alone."""
+    for folder in root.glob("ort-*-*"):
+        pid = folder.name.split("-")[1]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
 
 
 def make_session(
@@ -163,24 +252,30 @@ def make_session(
     threads: int,
 ) -> Any:
     """An onnxruntime CPU session for the graph of `nodes` (onnx_proto's NodeProtos, as the
-    value infos `inputs` and `outputs`) over the named constants `consts`."""
+    value infos `inputs` and `outputs`) over the named constants `consts`. Where the matrices
+    it repacks are large (FILE_BYTES), the large constants go through scratch files and are
+    taken out of `consts`, so the caller's dict holds none of them after the call."""
     import onnxruntime as ort
 
     options = session_options(threads)
-    inits, names, values = [], [], []
-    for name, array in consts.items():
-        if array.nbytes < EXTERNAL_BYTES:
-            inits.append(onnx_proto.tensor(name, array))
-            continue
-        array = np.ascontiguousarray(array)
-        inits.append(onnx_proto.external_tensor(name, array))
-        names.append(name)
-        values.append(ort.OrtValue.ortvalue_from_numpy(array))
-    if names:
-        options.add_external_initializers(names, values)  # copied in at session creation
-    model = onnx_proto.model(nodes, inputs, outputs, inits, OPSETS)
-    return_freed_memory()  # what built the constants, before onnxruntime copies and packs them
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    inits = [onnx_proto.tensor(n, a) for n, a in consts.items() if a.nbytes < EXTERNAL_BYTES]
+    large = [name for name, array in consts.items() if array.nbytes >= EXTERNAL_BYTES]
+    with contextlib.ExitStack() as stack:
+        filed = None
+        if sum(consts[name].nbytes for name in large if prepacked(name)) >= FILE_BYTES:
+            filed = _file_constants(consts, large, options, stack)
+        if filed is not None:
+            inits += filed
+        elif large:
+            for name in large:
+                inits.append(onnx_proto.external_tensor(name, consts[name]))
+            values = [
+                ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(consts[n])) for n in large
+            ]
+            options.add_external_initializers(large, values)  # copied in at session creation
+        model = onnx_proto.model(nodes, inputs, outputs, inits, OPSETS)
+        return_freed_memory()  # what built the constants, before onnxruntime copies and packs them
+        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def return_freed_memory() -> None:
