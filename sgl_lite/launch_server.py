@@ -19,7 +19,13 @@ import sys
 import threading
 import time
 
-from sgl_lite.server_args import build_parser, check_args, engine_kwargs, log_ignored_flags
+from sgl_lite.server_args import (
+    build_parser,
+    check_args,
+    default_max_tokens,
+    engine_kwargs,
+    log_ignored_flags,
+)
 
 logger = logging.getLogger("sgl_lite.server")
 
@@ -82,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         api_key=args.api_key,
         served_model_name=args.served_model_name,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+        default_max_tokens=default_max_tokens(args.default_max_tokens),
     )
     config = uvicorn.Config(
         app,

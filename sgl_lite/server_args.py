@@ -140,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest request body accepted (default 32 MiB); larger gets 413",
     )
     p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=None,
+        help="most tokens a chat or Responses request with no budget may generate (default "
+        "1024; 0: the whole room the context leaves, as SGLang and vLLM do)",
+    )
+    p.add_argument(
         "--max-queued-requests",
         type=int,
         default=None,
@@ -233,6 +240,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Rejects SGLang flag values sgl_lite cannot honour, with what to do instead (exit 2)."""
     if args.tp_size < 1 or args.dp_size < 1:
         parser.error("--tp-size and --dp-size must be >= 1")
+    if args.default_max_tokens is not None and args.default_max_tokens < 0:
+        parser.error(f"--default-max-tokens must be >= 0, got {args.default_max_tokens}")
     if args.tp_size > 1:
         parser.error(
             f"--tp-size {args.tp_size}: tensor parallelism is not supported. {ROUTER_HINT}"
@@ -315,6 +324,16 @@ def chat_template_arg(value: str) -> str:
     return jinja_from_roles(
         named.role_prefix_and_suffix, named.default_system_prompt, named.begin_text
     )
+
+
+def default_max_tokens(flag: int | None) -> int | None:
+    """The app's bound on a chat or Responses request with no budget, from
+    --default-max-tokens: unset, the server's default; 0, none (the whole room)."""
+    from sgl_lite.server.protocol import DEFAULT_MAX_TOKENS
+
+    if flag is None:
+        return DEFAULT_MAX_TOKENS
+    return flag or None
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -34,6 +34,7 @@ from sgl_lite.server.openai.responses import DEFAULT_STORE_SIZE, add_responses_r
 from sgl_lite.server.openai.score import add_score_routes
 from sgl_lite.server.openapi import install_openapi
 from sgl_lite.server.protocol import (
+    DEFAULT_MAX_TOKENS,
     AbortRequest,
     ApiError,
     GenerateRequest,
@@ -100,8 +101,12 @@ def create_app(
     served_model_name: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_stored_responses: int = DEFAULT_STORE_SIZE,
+    default_max_tokens: int | None = DEFAULT_MAX_TOKENS,
 ) -> FastAPI:
-    """A FastAPI app serving `engine` (SGLang's native API, OpenAI's /v1, /metrics)."""
+    """A FastAPI app serving `engine` (SGLang's native API, OpenAI's /v1, /metrics).
+
+    `default_max_tokens` bounds a chat or Responses body that names no budget (None: the whole
+    room the context leaves, SGLang's and vLLM's default)."""
 
     app = FastAPI(
         title="sgl_lite",
@@ -249,7 +254,7 @@ def create_app(
         return Response(await bridge.call(metrics.render), media_type=CONTENT_TYPE)
 
     accepted_names = {"default", name, config.model_path or "default", str(engine.model_folder)}
-    for add_routes in (add_openai_routes, add_chat_routes, add_score_routes, add_rerank_routes):
+    for add_routes in (add_openai_routes, add_score_routes, add_rerank_routes):
         add_routes(
             app,
             bridge,
@@ -257,6 +262,14 @@ def create_app(
             accepted_names=accepted_names,
             max_body_bytes=max_body_bytes,
         )
+    add_chat_routes(
+        app,
+        bridge,
+        served_model_name=name,
+        accepted_names=accepted_names,
+        max_body_bytes=max_body_bytes,
+        default_max_tokens=default_max_tokens,
+    )
     add_responses_routes(
         app,
         bridge,
@@ -264,6 +277,7 @@ def create_app(
         accepted_names=accepted_names,
         max_body_bytes=max_body_bytes,
         store_size=max_stored_responses,
+        default_max_tokens=default_max_tokens,
     )
     add_tokenizer_routes(app, bridge, max_body_bytes=max_body_bytes)
     install_openapi(app)

@@ -166,9 +166,22 @@ class _SamplingFields(_Wire):
 
 
 # /v1/completions' max_tokens when the body leaves it out or sends null (OpenAI's default). The
-# chat and responses routes default to the room the context leaves; /generate to SamplingParams'
+# chat and responses routes default to `omitted_budget`; /generate to SamplingParams'
 # DEFAULT_MAX_NEW_TOKENS.
 COMPLETIONS_MAX_TOKENS = 16
+
+# The chat and Responses budget when the body names none: OpenAI's "the model's maximum output
+# tokens", a bound below the context. SGLang and vLLM give the whole room the context leaves,
+# which on a CPU is minutes of decode for one request that never samples EOS (an empty prompt
+# on a small model: the OpenAPI fuzz's minimal bodies); an explicit budget up to the room is
+# still served. `create_app(default_max_tokens=None)` restores the whole room.
+DEFAULT_MAX_TOKENS = 1024
+
+
+def omitted_budget(room: int, default_max_tokens: int | None) -> int:
+    """The max_new_tokens of a chat or Responses request that gave no budget: the room the
+    context and the pool leave (`room`), at most `default_max_tokens` (None: no bound)."""
+    return room if default_max_tokens is None else min(room, default_max_tokens)
 
 
 class CompletionRequest(_SamplingFields):

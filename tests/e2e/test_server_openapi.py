@@ -3,7 +3,10 @@
 no 5xx, and every answer (status, content type, body) is one the spec declares.
 
 Generation is kept short: each generated body's token budgets are capped at one token, and
-the engine's --request-timeout bounds whatever slips through.
+the engine's --request-timeout bounds whatever slips through. The server's own bound on a body
+without a budget (at most 1024 tokens on chat and Responses) is still up to a minute of CPU
+decode a body, and schemathesis sends hundreds of them: uncapped, one operation ran past
+pytest's 300 s timeout.
 """
 
 from __future__ import annotations

@@ -42,7 +42,15 @@ from sgl_lite.server.openai.tools import (
     plan_tools,
     template_renders_tools,
 )
-from sgl_lite.server.protocol import ApiError, ChatCompletionRequest, JsonResponse, parse, read_json
+from sgl_lite.server.protocol import (
+    DEFAULT_MAX_TOKENS,
+    ApiError,
+    ChatCompletionRequest,
+    JsonResponse,
+    omitted_budget,
+    parse,
+    read_json,
+)
 
 _IMPLEMENTED = set(ChatCompletionRequest.model_fields)
 ANY_OBJECT_SCHEMA = ANY_OBJECT  # response_format json_object's schema
@@ -55,8 +63,10 @@ def add_chat_routes(
     served_model_name: str,
     accepted_names: set[str],
     max_body_bytes: int,
+    default_max_tokens: int | None = DEFAULT_MAX_TOKENS,
 ) -> None:
-    """Adds `/v1/chat/completions` to `app`."""
+    """Adds `/v1/chat/completions` to `app` (`default_max_tokens`: a body without a budget
+    gets at most this many tokens; None: the whole room)."""
     engine = bridge.engine
     check_model = model_checker(served_model_name, accepted_names)
     fmt, keep_special, ending = tool_setup(engine)
@@ -87,8 +97,8 @@ def add_chat_routes(
         max_tokens = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
-        if max_tokens is None:  # until EOS: whatever room the context and the pool leave
-            max_tokens = engine.max_new_tokens_room(len(ids))
+        if max_tokens is None:  # until EOS, within the room left and the server's default
+            max_tokens = omitted_budget(engine.max_new_tokens_room(len(ids)), default_max_tokens)
         output_format = _constraint(req, plan)
         params = {**req.sampling_params(max_tokens), **output_format.params}
         raw = plan.mode == "auto" and keep_special and req.skip_special_tokens

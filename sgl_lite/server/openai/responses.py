@@ -42,11 +42,13 @@ from sgl_lite.server.openai.tools import (
     plan_tools,
 )
 from sgl_lite.server.protocol import (
+    DEFAULT_MAX_TOKENS,
     ApiError,
     ChatMessage,
     FunctionCall,
     JsonResponse,
     ToolCall,
+    omitted_budget,
     read_json,
 )
 
@@ -115,9 +117,11 @@ def add_responses_routes(
     accepted_names: set[str],
     max_body_bytes: int,
     store_size: int = DEFAULT_STORE_SIZE,
+    default_max_tokens: int | None = DEFAULT_MAX_TOKENS,
 ) -> ResponseStore:
     """Adds `POST /v1/responses` and `GET`/`DELETE /v1/responses/{id}` to `app`; returns the
-    store (also `app.state.responses`)."""
+    store (also `app.state.responses`). A body without `max_output_tokens` gets at most
+    `default_max_tokens` (None: the whole room)."""
     engine = bridge.engine
     check_model = model_checker(served_model_name, accepted_names)
     setup = tool_setup(engine)
@@ -152,8 +156,8 @@ def add_responses_routes(
             raise ApiError(400, f"chat template failed: {exc}", param="input") from None
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
         max_tokens = req.max_output_tokens
-        if max_tokens is None:  # until EOS: whatever room the context and the pool leave
-            max_tokens = engine.max_new_tokens_room(len(ids))
+        if max_tokens is None:  # until EOS, within the room left and the server's default
+            max_tokens = omitted_budget(engine.max_new_tokens_room(len(ids)), default_max_tokens)
         output_format = _constraint(req, plan)
         params: dict[str, Any] = {
             "max_new_tokens": max_tokens,
