@@ -359,7 +359,8 @@ def test_harmless_fields_are_accepted_and_metadata_echoed(client, engine):
         parallel_tool_calls=False,
         truncation="disabled",
         store=True,
-        reasoning={"effort": None},
+        reasoning={"effort": None, "summary": "auto"},  # a summary of no reasoning items
+        include=["reasoning.encrypted_content"],  # (as BFCL's reasoning-model entries send)
         safety_identifier="s",
         prompt_cache_key="k",
         service_tier="auto",
@@ -367,6 +368,7 @@ def test_harmless_fields_are_accepted_and_metadata_echoed(client, engine):
     )
     assert reply.output_text == "Fine."
     assert reply.metadata == {"trace": "abc"} and reply.user == "someone"
+    assert [item.type for item in reply.output] == ["message"]
     assert reply.parallel_tool_calls is False and reply.truncation == "disabled"
 
 

@@ -199,7 +199,12 @@ RESPONSES_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "background": ((None, False), "background responses are not implemented"),
     "conversation": ((None,), "conversations are not implemented; use previous_response_id"),
     "context_management": ((None, []), "context management (compaction) is not implemented"),
-    "include": ((None, []), "no extra output data (logprobs, tool results) can be included"),
+    # the encrypted content of reasoning items: there are none to include (a non-reasoning
+    # model), so asking for it changes nothing; BFCL's reasoning-model entries send it
+    "include": (
+        (None, [], ["reasoning.encrypted_content"]),
+        "no extra output data (logprobs, tool results) can be included",
+    ),
     "prompt": ((None,), "stored prompt templates are not implemented"),
     "moderation": ((None,), "moderation is not available"),
     "top_logprobs": ((None, 0), "logprobs are not returned here; use /v1/chat/completions"),
@@ -216,8 +221,9 @@ def parse_request(data: dict[str, Any]) -> ResponsesRequest:
     _refuse(data, RESPONSES_REFUSED, _IMPLEMENTED | RESPONSES_NOOPS | {"reasoning"}, "")
     reasoning = data.get("reasoning")
     if reasoning is not None:  # {"effort": null} and the like say nothing: accepted
+        # `summary` shapes reasoning items, and there are none: accepted as it changes nothing
         given = (
-            [k for k, v in reasoning.items() if v is not None]
+            [k for k, v in reasoning.items() if v is not None and k != "summary"]
             if isinstance(reasoning, dict)
             else []
         )
