@@ -88,15 +88,26 @@ $(BFCL)/.setup-done: $(BFCL_REQ)
 demo: setup
 	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) examples/quickstart.py
 
+# Two pytest workers of one thread each (pytest-xdist; a module's tests stay on one worker, so
+# its fixtures are built once). This model's passes gain little from a second thread, so two
+# one-thread workers finish ~1.5x sooner on 2 cores (four e2e modules: 106.6 s in one process of
+# 2 threads, 67.5 s in two of one, quiet). Run after, in one process: the process tier (its
+# servers size their pools from the memory left free and time their signals) and the OpenAPI
+# fuzz (schemathesis expands its cases per operation only in a single process).
+WORKERS := -p xdist -n 2 --dist loadfile
+SERIAL := tests/process tests/e2e/test_server_openapi.py
+
 # Every tier folder (tests/support/tiers.py): unit, model, tokenizer, e2e, process, cuda
-# (skipped without a device); the 25 slowest tests are listed at the end. What .ci/run runs.
+# (skipped without a device); the slowest tests are listed at the end. What .ci/run runs.
 test: setup-dev clients
-	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=25 tests
+	SGL_LITE_NUM_THREADS=1 $(PY) -m pytest -q $(WORKERS) --durations=25 \
+		$(addprefix --ignore=,$(SERIAL)) tests
+	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=10 $(SERIAL)
 
 # No SmolLM2 file at all: unit (fakes, tokenizers built in the test) and model (tiny random
 # configs). Under 60 s on a quiet 2-core machine; the 25 slowest are printed to keep it there.
 test-fast: setup-dev
-	SGL_LITE_NUM_THREADS=$(THREADS) $(PY) -m pytest -q --durations=25 -m "unit or model" tests
+	SGL_LITE_NUM_THREADS=1 $(PY) -m pytest -q $(WORKERS) --durations=25 -m "unit or model" tests
 
 # One tier, or any marker expression: `make test-tier TIER=tokenizer`, TIER="e2e or process".
 test-tier: setup-dev clients
