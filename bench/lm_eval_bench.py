@@ -38,7 +38,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -48,14 +47,10 @@ from typing import Any
 import httpx
 
 from bench.common import Skipped
-from bench.hf_baselines import dense_checkpoint
 from bench.lm_eval_task import write_task
-from bench.run import vllm_dtype
-from bench.serving import wait_ready
-from bench.vllm_peer import VENV_PYTHON as VLLM_PYTHON
-from bench.vllm_peer import worker_env
+from bench.serving import launched, sgl_lite_command, vllm_command
 from sgl_lite.backend.runner.model_loader import resolve_model_path
-from sgl_lite.cluster import free_port, stop_all
+from sgl_lite.cluster import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = {"sgl_lite": 300.0, "vllm": 1200.0}  # vLLM compiles its model at start-up
@@ -141,29 +136,17 @@ def clients_python() -> Path:
 def server(system: str, threads: int, model: Path, log: Path) -> Iterator[str]:
     """Starts `system`'s server on loopback; yields its URL; stops it."""
     port = free_port()
-    env: dict[str, str] | None = None
     if system in MODES:
-        cmd = [sys.executable, "-m", "sgl_lite.launch_server", "--port", str(port)]
-        cmd += ["--num-threads", str(threads), "--log-level", "warning", *MODES[system]]
+        cmd, env = sgl_lite_command(port, threads, *MODES[system])
+        timeout = START_TIMEOUT_S["sgl_lite"]
     elif system == "vllm":
-        if not VLLM_PYTHON.exists():
-            raise Skipped(f"{VLLM_PYTHON} is missing: `make bench-vllm` builds it")
-        cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server"]
-        cmd += ["--model", str(dense_checkpoint(model)), "--dtype", vllm_dtype("auto")]
-        cmd += ["--port", str(port), "--enable-prefix-caching", "--served-model-name", "default"]
-        cmd += ["--enable-tokenizer-info-endpoint"]  # what lm-eval's remote tokenizer reads
-        env = worker_env(threads)
+        # --enable-tokenizer-info-endpoint: what lm-eval's remote tokenizer reads
+        cmd, env = vllm_command(port, threads, model, "--enable-tokenizer-info-endpoint")
+        timeout = START_TIMEOUT_S["vllm"]
     else:
         raise ValueError(f"unknown system {system!r}; choose from {', '.join([*MODES, 'vllm'])}")
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        start = "sgl_lite" if system in MODES else system
-        wait_ready(url, proc, START_TIMEOUT_S[start], log)
+    with launched(cmd, env, port, timeout, log) as url:
         yield url
-    finally:
-        stop_all([proc], timeout=30)
 
 
 def prompt_counters(system: str, url: str) -> tuple[float, float] | None:

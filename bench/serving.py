@@ -96,32 +96,53 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> N
     raise Skipped(f"the server did not answer within {timeout:.0f} s")
 
 
+def sgl_lite_command(port: int, threads: int, *flags: str) -> tuple[list[str], None]:
+    """Our server's command line on `port` (and its environment: ours), with extra `flags`."""
+    cmd = [sys.executable, "-m", "sgl_lite.launch_server", "--port", str(port)]
+    return [*cmd, "--num-threads", str(threads), "--log-level", "warning", *flags], None
+
+
+def vllm_command(
+    port: int, threads: int, model: Path, *flags: str
+) -> tuple[list[str], dict[str, str]]:
+    """vLLM CPU's OpenAI server on `port` over `model`'s dense checkpoint (its dtype, prefix
+    caching on, served as "default"), with extra `flags`, and its environment."""
+    if not VLLM_PYTHON.exists():
+        raise Skipped(f"{VLLM_PYTHON} is missing: `make bench-vllm` builds it")
+    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server"]
+    cmd += ["--model", str(dense_checkpoint(model)), "--dtype", vllm_dtype("auto")]
+    cmd += ["--port", str(port), "--enable-prefix-caching", "--served-model-name", "default"]
+    return [*cmd, *flags], worker_env(threads)
+
+
+@contextlib.contextmanager
+def launched(
+    cmd: list[str], env: dict[str, str] | None, port: int, timeout: float, log: Path
+) -> Iterator[str]:
+    """Runs `cmd` (output to `log`) until its server on `port` answers; yields its URL;
+    stops it."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, proc, timeout, log)
+        yield url
+    finally:
+        stop_all([proc], timeout=30)
+
+
 @contextlib.contextmanager
 def server(peer: str, threads: int, model: Path, log: Path) -> Iterator[str]:
     """Starts `peer`'s server on loopback; yields its URL; stops it."""
     port = free_port()
     if peer == "sgl_lite":
-        cmd = [sys.executable, "-m", "sgl_lite.launch_server", "--port", str(port)]
-        cmd += ["--num-threads", str(threads), "--log-level", "warning"]
-        env = None
+        cmd, env = sgl_lite_command(port, threads)
     elif peer == "vllm":
-        if not VLLM_PYTHON.exists():
-            raise Skipped(f"{VLLM_PYTHON} is missing: `make bench-vllm` builds it")
-        cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server"]
-        cmd += ["--model", str(dense_checkpoint(model)), "--dtype", vllm_dtype("auto")]
-        cmd += ["--port", str(port)]
-        cmd += ["--enable-prefix-caching", "--served-model-name", "default"]
-        env = worker_env(threads)
+        cmd, env = vllm_command(port, threads, model)
     else:
         raise ValueError(f"unknown peer {peer!r}; choose from {', '.join(BACKENDS)}")
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url, proc, START_TIMEOUT_S[peer], log)
+    with launched(cmd, env, port, START_TIMEOUT_S[peer], log) as url:
         yield url
-    finally:
-        stop_all([proc], timeout=30)
 
 
 def run_tool(peer: str, url: str, dataset: str, tokenizer: Path, work: Path) -> dict:
