@@ -85,9 +85,7 @@ def decode_without_model(
         guide.advance(token_id)
         out.append(token_id)
         if jump_forward:
-            jf = plan_jump_forward(tokenizer, guide, out)
-            if jf is not None and apply_jump_forward(guide, jf):
-                out[jf.keep :] = jf.new_ids
+            splice_jump_forward(tokenizer, guide, out)
         assert guide.num_advanced == len(out)
     assert guide.is_accepting()
     raw = grammar.vocab.decode_bytes(out)
@@ -170,11 +168,11 @@ def backend_decode(grammar, *, seed: int, constraint=None, max_steps: int = 400,
             break
         guide.advance(token)
         out.append(token)
-        jump_forward(tokenizer, guide, out)
+        splice_jump_forward(tokenizer, guide, out)
     return tokenizer.decode(out), guide
 
 
-def jump_forward(tokenizer, guide, out: list[int]) -> int:
+def splice_jump_forward(tokenizer, guide, out: list[int]) -> int:
     """The engine's jump-forward on a model-free decode: plan, apply and splice as
     `OutputProcessor` does (`constrained.jump_forward`); returns the tokens it added."""
     plan = plan_jump_forward(tokenizer, guide, out)

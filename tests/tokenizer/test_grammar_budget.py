@@ -18,7 +18,7 @@ from tests.support.constrained import (
     GRAMMAR_BACKENDS,
     ArithmeticParser,
     compiler,
-    jump_forward,
+    splice_jump_forward,
     valid_json,
 )
 from tests.support.constraints import ARITHMETIC, SQL, SQL_REFERENCE
@@ -89,7 +89,7 @@ def budget_decode(grammar, *, seed: int, budget: int | None, constraint=None, bi
             break
         guide.advance(token)
         out.append(token)
-        jump_forward(tokenizer, guide, out)
+        splice_jump_forward(tokenizer, guide, out)
     return tokenizer.decode(out), out, guide, substitutions
 
 
@@ -228,7 +228,7 @@ def rule_cost(backend: str, name: str, seeds: int = 5, steps: int = 200) -> tupl
                 guide.advance(token)
                 out.append(token)
                 t0 = time.perf_counter()
-                forced = jump_forward(tokenizer, guide, out)
+                forced = splice_jump_forward(tokenizer, guide, out)
                 rule += time.perf_counter() - t0 if budget else 0.0
                 n += 1 + forced
             if seed and budget:

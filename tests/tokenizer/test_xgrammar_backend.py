@@ -16,7 +16,7 @@ from tests.support.constrained import (
     ArithmeticParser,
     backend_decode,
     compiler,
-    jump_forward,
+    splice_jump_forward,
     valid_json,
 )
 from tests.support.constraints import ARITHMETIC, ENFORCED, SQL, SQL_REFERENCE
@@ -99,7 +99,7 @@ def test_a_small_budget_is_refused_or_closed_never_cut(backend: str) -> None:
         token = guide.budget_substitute(int(mask.nonzero()[-1, 0]))  # the highest-id token
         guide.advance(token)
         out.append(token)
-        jump_forward(smollm2_tokenizer(), guide, out)
+        splice_jump_forward(smollm2_tokenizer(), guide, out)
     text = smollm2_tokenizer().decode(out)
     meta = guide.meta_info(text)
     assert len(out) <= grammar.min_tokens + 2 and valid_json(schema, text), text
