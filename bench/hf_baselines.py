@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -34,31 +35,43 @@ from sgl_lite.common import common_prefix_len
 def dense_checkpoint(folder: Path) -> Path:
     """A Hugging Face folder with float32 safetensors of `folder`'s weights, for a peer that
     reads only such folders (vLLM): `folder` itself where it has them; for a GGUF model's
-    folder (config and tokenizer only) a copy made once beside it, its weights dequantized by
-    our reader (bit for bit transformers' own dequantisation:
-    tests/tokenizer/test_embedded_weights.py)."""
+    folder (config and tokenizer only) a copy made once under the cache dir, its weights
+    dequantized by our reader (bit for bit transformers' own dequantisation:
+    tests/tokenizer/test_embedded_weights.py). The copy is keyed by the GGUF file's content,
+    not its place, so every checkout's embedded model shares one."""
+    import hashlib
     import shutil
 
     from safetensors.torch import save_file
 
     from sgl_lite.backend.runner.model_loader import (
         GGUF_SOURCE_FILE,
+        cache_dir,
         gguf_source,
         load_config,
         load_state_dict,
     )
 
-    if gguf_source(folder) is None:
+    source = gguf_source(folder)
+    if source is None:
         return folder
-    target = folder.parent / f"{folder.name}-float32"
+    digest = hashlib.sha256()
+    with source.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    target = cache_dir() / "dense" / f"{source.stem}-{digest.hexdigest()[:16]}-float32"
     if (target / "config.json").exists():
         return target
-    tmp = folder.parent / f".{target.name}-writing"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}-writing-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns(GGUF_SOURCE_FILE))
     state = load_state_dict(folder, load_config(folder))
     save_file({name: t.contiguous() for name, t in state.items()}, tmp / "model.safetensors")
-    tmp.rename(target)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process made it first; its copy is as good as ours
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

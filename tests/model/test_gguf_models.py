@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 import pytest
 import torch
@@ -167,6 +168,26 @@ def test_a_rewritten_gguf_is_converted_again(tmp_path, tiny_tokenizer):
     assert not torch.equal(first[name], second[name])
     assert gguf_source(folder_a) is None  # its source no longer holds its weights
     assert gguf_source(folder_b) == gguf_file.resolve()
+
+
+def test_each_copy_of_a_gguf_gets_its_folder_and_a_deleted_ones_is_swept(tmp_path, tiny_tokenizer):
+    # A checkout's embedded model is a copy of one file at a new place: its folder must name
+    # that copy (the other may be deleted), and folders of deleted copies must not pile up.
+    first = tmp_path / "a" / "tiny.gguf"
+    first.parent.mkdir()
+    write_gguf(first, tiny_model(LlamaConfig, tiny_tokenizer, seed=0), tiny_tokenizer)
+    copies = [tmp_path / name / "tiny.gguf" for name in ("b", "c")]
+    for copy in copies:
+        copy.parent.mkdir()
+        shutil.copy2(first, copy)  # same bytes, same mtime
+    folder_a, folder_b = resolve_model_path(first), resolve_model_path(copies[0])
+    assert folder_a != folder_b
+    assert (gguf_source(folder_a), gguf_source(folder_b)) == (first.resolve(), copies[0].resolve())
+    first.unlink()
+    assert gguf_source(folder_b) == copies[0].resolve()
+    folder_c = resolve_model_path(copies[1])  # a new folder sweeps the orphans first
+    assert not folder_a.exists()
+    assert folder_b.exists() and folder_c.exists()
 
 
 def test_a_q4_gguf_feeds_its_codes_to_the_int4_kernels(tmp_path, tiny_tokenizer, caplog):

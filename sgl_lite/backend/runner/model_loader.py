@@ -126,10 +126,11 @@ def convert_gguf(gguf_path: Path) -> Path:
     The folder holds no weights: `load_state_dict` reads them from the file it names. The
     header is checked first: a corrupt or truncated file, or an architecture we do not run,
     is a ModelLoadError naming the file before any work. The folder is made once per file
-    version (a few seconds, the tokenizer's conversion): the cache key holds the file's size,
-    mtime and a hash of its header, so a rewritten file gets a new one. It is written to a
-    temporary folder and renamed into place, so concurrent processes never see a half-written
-    one.
+    version (a few seconds, the tokenizer's conversion): the cache key holds the file's place,
+    size, mtime and a hash of its header, so a rewritten or moved file gets a new one. It is
+    written to a temporary folder and renamed into place, so concurrent processes never see a
+    half-written one. Making one first sweeps the folders of files that are gone
+    (`sweep_orphan_folders`), so a cache shared by many checkouts does not grow with each.
     """
     header = _checked_header(gguf_path)
     fingerprint = _gguf_fingerprint(gguf_path, header)
@@ -137,6 +138,7 @@ def convert_gguf(gguf_path: Path) -> Path:
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    sweep_orphan_folders(target.parent)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".converting-"))
     try:
         try:
@@ -173,10 +175,28 @@ def _checked_header(gguf_path: Path) -> GGUFHeader:
 
 
 def _gguf_fingerprint(gguf_path: Path, header: GGUFHeader) -> str:
-    """`{size}-{hash}` of the file's size, mtime and header: the cache key of its conversion."""
+    """`{size}-{hash}` of the file's place, size, mtime and header: the cache key of its
+    conversion. The place is in it because the folder names the file its weights are read
+    from: two copies of one file get a folder each, and deleting one never strands the other.
+    """
     stat = gguf_path.stat()
-    key = f"{stat.st_size}:{stat.st_mtime_ns}:{header.header_digest}"
+    key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{header.header_digest}"
     return f"{stat.st_size}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def sweep_orphan_folders(models: Path) -> list[Path]:
+    """Removes the converted folders under `models` whose GGUF file is gone or was rewritten
+    (a deleted checkout's embedded model, a moved download); returns them. Folders being
+    written (dot-named) and folders of other kinds (no source file) are left alone.
+    """
+    removed = []
+    for folder in models.iterdir():
+        if folder.name.startswith(".") or not (folder / GGUF_SOURCE_FILE).is_file():
+            continue
+        if gguf_source(folder) is None:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def _convert_into(gguf_path: Path, header: GGUFHeader, folder: Path) -> None:
