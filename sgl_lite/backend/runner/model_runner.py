@@ -30,6 +30,11 @@ from sgl_lite.backend.runner.models.llama import (
     RotaryEmbedding,
     head_dim_of,
 )
+from sgl_lite.backend.runner.models.shared_prefix import (
+    SharedPrefixes,
+    find_shared_prefixes,
+    placed,
+)
 from sgl_lite.backend.runner.ort_step import OrtDecodeStep
 from sgl_lite.backend.runner.passes import graph_passes, merge_outputs, split_final_rows
 from sgl_lite.backend.runner.weights import ort_nbits
@@ -41,6 +46,7 @@ from sgl_lite.backend.runner.weights.choose import (
     read_file_codes,
 )
 from sgl_lite.backend.runner.weights.embedding import CodesEmbedding
+from sgl_lite.backend.runner.weights.formats import WeightFormat
 from sgl_lite.backend.runner.weights.packing import dense_from_codes_names, fill_dense_from_codes
 from sgl_lite.backend.types import ForwardOutput, Segment
 
@@ -91,6 +97,7 @@ class ModelRunner:
         for module in self.model.modules():
             if isinstance(module, Attention):
                 module.attn_dtype = self.format.attn_dtype
+        self.shared_prefixes = reads_shared_prefixes(self.device, self.format, self.model)
         self.vocab_size = self.hf_config.vocab_size
         self.pool = KVPool(
             num_layers=self.hf_config.num_hidden_layers,
@@ -241,10 +248,19 @@ class ModelRunner:
         decodes = [i for i, s in enumerate(segments) if len(s.token_ids) == 1]
         extends = [i for i, s in enumerate(segments) if len(s.token_ids) > 1]
         decode_kv = getattr(self, "decode_kv", None)  # absent on runners built around a model
-        kv_view = decode_kv.plan(segments) if decode_kv is not None else None
+        shared = self._shared_prefixes([segments[i] for i in decodes])
+        kv_view = None
+        if shared is None and decode_kv is not None:
+            kv_view = decode_kv.plan(segments)
+        elif decode_kv is not None:
+            decode_kv.release()  # not read while prefixes are shared; gathered afresh after
         groups = tuple(
             self._group(
-                [segments[i] for i in members], [offsets[i] for i in members], offsets[-1], kv_view
+                [segments[i] for i in members],
+                [offsets[i] for i in members],
+                offsets[-1],
+                kv_view,
+                shared if members is decodes else None,
             )
             for members in (extends, decodes)
             if members
@@ -258,8 +274,21 @@ class ModelRunner:
             use_int=use_int,
         )
 
+    def _shared_prefixes(self, decodes: list[Segment]) -> SharedPrefixes | None:
+        """The prefixes the decode rows share, placed for attention, where this runner reads
+        them once (`shared_prefixes`) and they are worth it (`find_shared_prefixes`)."""
+        if len(decodes) < 2 or not getattr(self, "shared_prefixes", False):
+            return None
+        shared = find_shared_prefixes(decodes)
+        return None if shared is None else placed(shared, self.device, self.pool.k.dtype)
+
     def _group(
-        self, segments: list[Segment], offsets: list[int], total: int, kv_view: KVView | None
+        self,
+        segments: list[Segment],
+        offsets: list[int],
+        total: int,
+        kv_view: KVView | None,
+        shared: SharedPrefixes | None = None,
     ) -> AttentionGroup:
         lens = [len(s.token_ids) for s in segments]
         q_lens = torch.tensor(lens)
@@ -311,7 +340,22 @@ class ModelRunner:
             window_mask=window_mask,
             rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
             kv_view=kv_view,
+            shared=shared,
         )
+
+
+def reads_shared_prefixes(device: torch.device, fmt: WeightFormat, model: nn.Module) -> bool:
+    """Whether decode steps read the prefixes their rows share once (models/shared_prefix.py):
+    in the fast mode, on the CPU's flash kernel, for attention that is plain softmax over every
+    key (no soft-capping `_core`, no sliding windows). Never in the deterministic mode: the
+    result's rounding would depend on which rows share the batch."""
+    attentions = [m for m in model.modules() if isinstance(m, Attention)]
+    return (
+        device.type == "cpu"
+        and not fmt.deterministic
+        and getattr(model, "sliding_window", None) is None
+        and all(type(m)._core is Attention._core for m in attentions)
+    )
 
 
 def context_length_of(hf_config: PretrainedConfig, requested: int | None) -> int:

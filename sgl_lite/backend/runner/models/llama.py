@@ -27,6 +27,7 @@ from sgl_lite.backend.runner.models.rope import (
     apply_rope,
     rotary_dim_of,
 )
+from sgl_lite.backend.runner.models.shared_prefix import attend_shared
 from sgl_lite.backend.runner.models.spec import LLAMA, DecoderSpec
 from sgl_lite.backend.runner.weights import onednn
 from sgl_lite.backend.runner.weights.embedding import CodesEmbedding
@@ -144,15 +145,19 @@ class Attention(nn.Module):
             q_batched = gather_rows(q, group.q_index)  # (B, Q, H, D)
         q_batched = q_batched.view(batch, max_q, kv_heads, per_kv, dim).permute(0, 2, 3, 1, 4)
         q_batched = q_batched.reshape(batch, kv_heads, per_kv * max_q, dim)  # (B, Hkv, G*Q, D)
-        k_batched, v_batched = self._keys_values(group, pool, k_new, v_new)  # (B, Hkv, K, D)
-        # Casts only where the dtype differs: decode copies are kept in attn_dtype already, and
-        # a no-op `.to` still costs a dispatch (~60 per step).
-        attn = self.attn_dtype or k_batched.dtype
-        if k_batched.dtype is not attn:
-            k_batched, v_batched = k_batched.to(attn), v_batched.to(attn)
-        if q_batched.dtype is not attn:
-            q_batched = q_batched.to(attn)
-        out = self._core(q_batched, k_batched, v_batched, group.mask)
+        if group.shared is not None:  # decodes sharing cached prefixes: each read once
+            layer_k, layer_v = pool.k_layers[self.layer_id], pool.v_layers[self.layer_id]
+            out = attend_shared(q_batched, layer_k, layer_v, group.shared, self.scale)
+        else:
+            k_batched, v_batched = self._keys_values(group, pool, k_new, v_new)  # (B, Hkv, K, D)
+            # Casts only where the dtype differs: decode copies are kept in attn_dtype already,
+            # and a no-op `.to` still costs a dispatch (~60 per step).
+            attn = self.attn_dtype or k_batched.dtype
+            if k_batched.dtype is not attn:
+                k_batched, v_batched = k_batched.to(attn), v_batched.to(attn)
+            if q_batched.dtype is not attn:
+                q_batched = q_batched.to(attn)
+            out = self._core(q_batched, k_batched, v_batched, group.mask)
         out = out.view(batch, kv_heads, per_kv, max_q, dim).permute(0, 3, 1, 2, 4)
         out = out.reshape(batch * max_q, self.num_heads, dim)  # (B * Q, H, D)
         if max_q == 1:  # decodes: every padded row is a real query, already in order

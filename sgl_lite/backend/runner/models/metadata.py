@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from sgl_lite.backend.runner.decode_kv import KVView
+from sgl_lite.backend.runner.models.shared_prefix import SharedPrefixes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +33,8 @@ class AttentionGroup:
     window_mask: torch.Tensor | None = None
     rows_in_order: bool = False  # q_index is arange(B)[:, None]: queries need no gather
     kv_view: KVView | None = None  # decode steps: K/V kept gathered between steps (decode_kv)
+    # decode steps whose rows share cached prefixes: each prefix read once (shared_prefix)
+    shared: SharedPrefixes | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
