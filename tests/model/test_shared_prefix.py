@@ -38,8 +38,16 @@ def test_rows_are_grouped_by_the_prefix_they_hold_and_keep_their_own_token(monke
     rows = [(0, own[0]), (0, own[1]), (1, own[2]), (None, own[3]), (1, own[4]), (0, own[5])]
     shared = find_shared_prefixes(_decode_rows(prefixes, rows))
     assert shared is not None
-    assert [m.tolist() for m in shared.members] == [[0, 1, 5], [2, 4]]
-    assert [p.tolist() for p in shared.prefixes] == [prefixes[0].tolist(), prefixes[1].tolist()]
+    assert shared.rows.tolist() == [0, 1, 5, 2, 4]  # prefix by prefix
+    assert shared.q_index.tolist() == [[0, 1, 5], [2, 4, 0]]  # the second padded
+    assert shared.q_flat.tolist() == [0, 1, 2, 3, 4]
+    assert shared.prefix_len == 60
+    heads = shared.prefix_flat.view(2, 60)
+    assert (
+        heads[0, :40].tolist() == prefixes[0].tolist()
+        and not shared.prefix_mask[0, 0, 0, 40:].any()
+    )
+    assert heads[1].tolist() == prefixes[1].tolist() and shared.prefix_mask[1].all()
     assert shared.suffix_len == 9  # the ungrouped row's whole sequence
     # a row whose whole sequence but its new token is the prefix keeps that token as suffix
     suffixes = shared.suffix_flat.view(6, 9)
@@ -75,7 +83,7 @@ def test_attention_over_shared_prefixes_is_attention_over_each_whole_sequence(mo
     shared = placed(find_shared_prefixes(segments), CPU, dtype)
     q = torch.randn(len(segments), heads, per_kv, dim, generator=gen).to(dtype)
     got = attend_shared(q, k_pool, v_pool, shared, scale=0.3)
-    assert got.dtype == torch.float32  # rounded once, by the caller
+    assert got.dtype == torch.float32  # rounded once more, by the caller
     bound = 1e-6 if dtype == torch.float32 else 2e-2
     for b, seg in enumerate(segments):
         k = k_pool[seg.kv_slots].transpose(0, 1).double()
