@@ -108,3 +108,38 @@ def test_embedded_model_matches_float32_top1_and_perplexity_in_both_modes(
     for chunk in (len(text), 1):  # one prefill; decode steps
         ppl = perplexity(chunked_logits(ours_runner, text, chunk), text)
         assert abs(ppl / ppl_ref - 1) <= 0.01, f"chunk {chunk}: ppl {ppl:.3f} vs {ppl_ref:.3f}"
+
+
+def test_decode_rows_on_a_shared_prompt_read_it_once_with_the_padded_passes_logits(
+    smollm_folder, smollm_tokenizer, monkeypatch
+):
+    """Twelve requests branching off one 64-token prompt: the decode step that reads the prompt
+    once for all of them (models/shared_prefix.py) gives the logits of the step that reads it
+    per row, in float32 on the real model (GQA 9/3, 30 layers)."""
+    monkeypatch.setenv("SGL_LITE_DISABLE_ORT_STEP", "1")  # the torch step, whatever the batch
+    # float32 throughout: an int kernel's bf16 input would round the two passes' tiny
+    # differences apart
+    runner = _runner(smollm_folder, dtype="float32", quantization="none")
+    assert runner.shared_prefixes and not runner.format.deterministic
+    prompt = smollm_tokenizer.encode(PPL_TEXT)[:64]
+    slots = runner.pool.alloc(64)
+    runner.forward([Segment(token_ids=prompt, start=0, kv_slots=slots, logits_from=64)])
+    steps = []
+    for i in range(12):
+        own = runner.pool.alloc(3)
+        seq = torch.cat([slots, own])
+        runner.forward(
+            [Segment(token_ids=[10 + i, 20 + i], start=64, kv_slots=seq[:66], logits_from=2)]
+        )
+        steps.append(Segment(token_ids=[30 + i], start=66, kv_slots=seq, logits_from=0))
+    pool = (runner.pool.k.clone(), runner.pool.v.clone())
+    runner.shared_prefixes = False
+    padded = runner.forward(steps).logits
+    runner.pool.k.copy_(pool[0])
+    runner.pool.v.copy_(pool[1])
+    runner.shared_prefixes = True
+    meta = runner._metadata(steps)
+    assert meta.groups[0].shared is not None  # the cut is made for this batch
+    cascaded = runner.forward(steps).logits
+    assert (cascaded - padded).abs().max().item() < 1e-3, (cascaded - padded).abs().max()
+    assert torch.equal(cascaded.argmax(-1), padded.argmax(-1))
