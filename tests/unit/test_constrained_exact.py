@@ -327,6 +327,21 @@ LLGUIDANCE_WIDENED = {
 }
 
 
+def test_a_ref_beside_properties_is_not_closed_against_its_target(
+    compilers: dict[str, GrammarCompiler],
+) -> None:
+    # 2020-12 applies a $ref and its siblings both (as allOf): closing the sibling object over
+    # its own (no) names refused the target's `a` (found by the property test below in CI)
+    schema = {
+        "$ref": "#/$defs/t",
+        "type": "object",
+        "properties": {},
+        "$defs": {"t": {**CLOSED_A}},
+    }
+    assert _valid(schema, {"a": 0})
+    _check(compilers, schema, wide=False)
+
+
 @pytest.mark.parametrize("name", sorted(LLGUIDANCE_WIDENED))
 def test_auto_on_llguidance_does_not_accept_what_jsonschema_rejects(
     compilers: dict[str, GrammarCompiler], name: str

@@ -23,7 +23,7 @@ from sgl_lite.backend.constrained.matchers.grammar_mask import text_token_mask, 
 from sgl_lite.backend.constrained.protocols import Constraint
 from sgl_lite.backend.constrained.regex_check import GrammarError
 from sgl_lite.backend.constrained.schema.formats import STRING_FORMATS
-from sgl_lite.backend.constrained.schema.keywords import schema_keywords
+from sgl_lite.backend.constrained.schema.keywords import schema_keywords, schema_nodes
 from sgl_lite.backend.constrained.schema.string_pattern import ecma_spaces
 from sgl_lite.backend.constrained.vocab import KeyedCache, vocabulary_for
 
@@ -95,7 +95,23 @@ def closed_objects(schema: Any) -> Any:
     used = schema_keywords(schema)
     if used & _NON_MONOTONE:
         return schema
-    return _close(schema, close="allOf" not in used)
+    return _close(schema, close="allOf" not in used and not _conjoined_refs(schema))
+
+
+# What may stand beside a `$ref` without joining its schema: annotations and definitions.
+_REF_ANNOTATIONS = frozenset(
+    ("$ref", "$defs", "definitions", "$id", "$anchor", "$schema", "$comment", "title",
+     "description", "default", "examples", "deprecated", "readOnly", "writeOnly")
+)  # fmt: skip
+
+
+def _conjoined_refs(schema: Any) -> bool:
+    """Whether some `$ref` stands beside keywords that constrain: draft 2020-12 applies both,
+    as allOf does, so closing either part would reject the other's properties (found by the
+    exactness property test: a closed `$ref` target beside `properties: {}`, closed in turn)."""
+    return any(
+        "$ref" in node and not node.keys() <= _REF_ANNOTATIONS for node in schema_nodes(schema)
+    )
 
 
 def _close(node: Any, names: tuple[str, ...] = (), *, close: bool) -> Any:

@@ -9,6 +9,7 @@ serialised schema got wrong. A dict under a key that is no keyword is read as a 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 _DATA = frozenset(("enum", "const", "default", "examples"))
@@ -18,15 +19,14 @@ _MAPS = frozenset(
 )
 
 
-def schema_keywords(schema: Any) -> frozenset[str]:
-    """Every keyword used anywhere in `schema` (boolean schemas and non-schemas use none)."""
-    found: set[str] = set()
+def schema_nodes(schema: Any) -> Iterator[dict[str, Any]]:
+    """Every sub-schema of `schema` that is an object (boolean schemas and non-schemas are not)."""
     stack = [schema]
     while stack:
         node = stack.pop()
         if not isinstance(node, dict):
             continue
-        found.update(node)
+        yield node
         for key, value in node.items():
             if key in _DATA:
                 continue
@@ -34,4 +34,8 @@ def schema_keywords(schema: Any) -> frozenset[str]:
                 stack.extend(value)
             elif isinstance(value, dict):
                 stack.extend(value.values() if key in _MAPS else (value,))
-    return frozenset(found)
+
+
+def schema_keywords(schema: Any) -> frozenset[str]:
+    """Every keyword used anywhere in `schema` (boolean schemas and non-schemas use none)."""
+    return frozenset(key for node in schema_nodes(schema) for key in node)
