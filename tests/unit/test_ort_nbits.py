@@ -86,15 +86,26 @@ def _captured_models(monkeypatch) -> list[bytes]:
 
 
 @pytest.mark.parametrize("make", [_q4_1, _q8_0], ids=["q4_1", "q8_0"])
+@pytest.mark.parametrize("in_shared_memory", [False, True], ids=["cache", "shm"])
 def test_large_constants_reach_onnxruntime_through_files_and_leave_the_callers_hands(
-    make, monkeypatch, tmp_path
+    make, in_shared_memory, monkeypatch, tmp_path
 ):
-    """Past FILE_BYTES the constants go through scratch files under the cache dir: the
-    caller's dict keeps none of them (so ours are freed before onnxruntime packs its own), the
-    model carries no raw weights, the files are gone once the session exists, and the product
-    is the file's matrix still."""
+    """Past FILE_BYTES the constants go through scratch files (under the cache dir, or in
+    shared memory): the caller's dict keeps none of them (so ours are freed before onnxruntime
+    packs its own), the model carries no raw weights, the files are gone once the session
+    exists, and the product is the file's matrix still."""
     monkeypatch.setattr(ort_nbits, "FILE_BYTES", 0)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(ort_nbits, "SHARED_MEMORY", shm if in_shared_memory else tmp_path / "none")
     monkeypatch.setenv("SGL_LITE_CACHE", str(tmp_path))
+    made = []
+    real_folder = ort_nbits.tempfile.TemporaryDirectory
+    monkeypatch.setattr(
+        ort_nbits.tempfile,
+        "TemporaryDirectory",
+        lambda **kw: made.append(kw["dir"]) or real_folder(**kw),
+    )
     models = _captured_models(monkeypatch)
     affine = make(64, 256, seed=3)
     nodes, consts = ort_nbits.linear_nodes(affine, "A", "Y")
@@ -109,7 +120,8 @@ def test_large_constants_reach_onnxruntime_through_files_and_leave_the_callers_h
     )
     assert not large & set(consts)
     assert len(models[0]) < ort_nbits.EXTERNAL_BYTES * 2  # headers and nodes, no weights
-    assert not list(tmp_path.glob("ort-*"))
+    assert made == [shm if in_shared_memory else tmp_path]
+    assert not list(tmp_path.glob("ort-*")) and not list(shm.glob("ort-*"))
     weight = ort_nbits.OrtNBitsWeight(session, (64, 256), affine.bits)
     assert _relative_error(weight, affine, rows=3) < TOLERANCE
 
@@ -118,10 +130,24 @@ def test_constants_go_in_memory_where_no_scratch_file_can_be_written(monkeypatch
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     monkeypatch.setattr(ort_nbits, "FILE_BYTES", 0)
+    monkeypatch.setattr(ort_nbits, "SHARED_MEMORY", tmp_path / "no-shared-memory")
     monkeypatch.setenv("SGL_LITE_CACHE", str(blocker))
     affine = _q4_1(64, 256, seed=4)
     weight = ort_nbits.OrtNBitsWeight.from_affine(affine, threads=1)
     assert _relative_error(weight, affine, rows=2) < TOLERANCE
+
+
+def test_scratch_files_go_to_shared_memory_where_it_has_room_else_to_the_cache(
+    monkeypatch, tmp_path
+):
+    shm, cache = tmp_path / "shm", tmp_path / "cache"
+    shm.mkdir()
+    monkeypatch.setattr(ort_nbits, "SHARED_MEMORY", shm)
+    monkeypatch.setenv("SGL_LITE_CACHE", str(cache))
+    assert ort_nbits._scratch_root(1 << 20) == shm
+    assert ort_nbits._scratch_root(1 << 62) == cache  # more than it could hold
+    monkeypatch.setattr(ort_nbits, "SHARED_MEMORY", tmp_path / "absent")
+    assert ort_nbits._scratch_root(1 << 20) == cache
 
 
 def test_a_dead_loads_scratch_folder_is_swept_and_a_live_ones_kept(monkeypatch, tmp_path):
@@ -136,6 +162,7 @@ def test_a_dead_loads_scratch_folder_is_swept_and_a_live_ones_kept(monkeypatch, 
         folder.mkdir()
         (folder / "packed.bin").write_bytes(b"x")
     monkeypatch.setattr(ort_nbits, "FILE_BYTES", 0)
+    monkeypatch.setattr(ort_nbits, "SHARED_MEMORY", tmp_path / "no-shared-memory")
     monkeypatch.setenv("SGL_LITE_CACHE", str(tmp_path))
     ort_nbits.OrtNBitsWeight.from_affine(_q4_1(64, 256, seed=5), threads=1)
     assert not dead.exists() and live.exists()

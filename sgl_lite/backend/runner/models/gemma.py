@@ -24,7 +24,6 @@ from dataclasses import replace
 import torch
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
 from sgl_lite.backend.kvcache.kv_pool import KVPool
 from sgl_lite.backend.runner.models.llama import (
@@ -136,6 +135,10 @@ class GemmaMLP(MLP):
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__(config)
+        # Imported here: transformers.activations pulls in its kernel hub and torch.distributed
+        # (~1 s of every load, Gemma or not).
+        from transformers.activations import ACT2FN
+
         name = getattr(config, "hidden_activation", None) or config.hidden_act
         self.act = ACT2FN[name]
 

@@ -26,6 +26,7 @@ The layouts follow ggml's reference (`ggml-quants.c`) as gguf-py's numpy port sp
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -63,9 +64,38 @@ def _affine(q: np.ndarray, scale: np.ndarray, offset: np.ndarray, bits: int) -> 
     )
 
 
+def _read_only(a: np.ndarray) -> torch.Tensor:
+    """A tensor over `a` without a copy, for reading only: the file's map is read-only, and
+    torch warns about such arrays although nothing here writes to them."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(a)
+
+
+def _copied(a: np.ndarray) -> np.ndarray:
+    """A contiguous copy of the (strided) array `a`, made on torch (as `_nibbles`)."""
+    return _read_only(a).clone(memory_format=torch.contiguous_format).numpy()
+
+
 def _nibbles(qs: np.ndarray) -> np.ndarray:
     """(..., 16) bytes → (..., 32) codes: the 16 low nibbles, then the 16 high ones."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    # On torch: its strided element-wise loops run ~4x faster than numpy's over these short
+    # rows (a 1B model's codes: ~2.1 s → 0.5 s of its load).
+    qs_t = _read_only(qs)
+    out = torch.empty((*qs.shape[:-1], 2 * qs.shape[-1]), dtype=torch.uint8)
+    torch.bitwise_and(qs_t, 0x0F, out=out[..., : qs.shape[-1]])
+    torch.bitwise_right_shift(qs_t, 4, out=out[..., qs.shape[-1] :])
+    return out.numpy()
+
+
+def _high_low(low: np.ndarray, high: np.ndarray, less: int = 0) -> np.ndarray:
+    """int8 codes `low | high << 4`, less `less`, computed in place in `high` (a fresh array of
+    the same shape as `low`) on torch (as `_nibbles`)."""
+    out = torch.from_numpy(high).bitwise_left_shift_(4).bitwise_or_(torch.from_numpy(low))
+    codes = out.view(torch.int8)
+    if less:
+        codes.sub_(less)
+    return codes.numpy()
 
 
 def _q4_0(b: np.ndarray) -> GroupAffine:
@@ -95,7 +125,7 @@ def _q5_1(b: np.ndarray) -> GroupAffine:
 
 def _q8_0(b: np.ndarray) -> GroupAffine:
     d = _f16(b[..., 0:2])
-    return _affine(b[..., 2:].copy().view(np.int8), d, np.zeros_like(d), bits=8)
+    return _affine(_copied(b[..., 2:]).view(np.int8), d, np.zeros_like(d), bits=8)
 
 
 def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -110,8 +140,11 @@ def _shifted(data: np.ndarray, chunk: int, shifts: tuple[int, ...], mask: int) -
     """Bytes (rows, blocks, n * chunk) → (rows, blocks, n * len(shifts), chunk): each chunk of
     `chunk` bytes read once per shift, masked (ggml packs sub-blocks side by side this way)."""
     rows, blocks = data.shape[:2]
-    parts = data.reshape(rows, blocks, -1, 1, chunk) >> np.array(shifts, np.uint8)[:, None]
-    return (parts & mask).reshape(rows, blocks, -1, chunk)
+    chunks = _read_only(data).reshape(rows, blocks, -1, 1, chunk)
+    out = torch.empty((*chunks.shape[:3], len(shifts), chunk), dtype=torch.uint8)
+    for i, shift in enumerate(shifts):  # on torch, written in place: as `_nibbles`
+        torch.bitwise_and(chunks[..., 0, :] >> shift, mask, out=out[..., i, :])
+    return out.reshape(rows, blocks, -1, chunk).numpy()
 
 
 def _super(q: np.ndarray, scale: np.ndarray, offset: np.ndarray, bits: int) -> GroupAffine:
@@ -135,15 +168,14 @@ def _q5_k(b: np.ndarray) -> GroupAffine:
     sc, mn = _k_scales(b[..., 4:16])
     low = _shifted(b[..., 48:], 32, (0, 4), 0x0F)
     high = _shifted(b[..., 16:48], 32, tuple(range(8)), 0x01)
-    q = (low | (high << 4)).astype(np.int8)
-    return _super(q, d * sc, -(dmin * mn), bits=8)
+    return _super(_high_low(low, high), d * sc, -(dmin * mn), bits=8)
 
 
 def _q6_k(b: np.ndarray) -> GroupAffine:
     rows, blocks = b.shape[:2]
     low = _shifted(b[..., 0:128], 64, (0, 4), 0x0F).reshape(rows, blocks, 8, 32)
     high = _shifted(b[..., 128:192], 32, (0, 2, 4, 6), 0x03)
-    q = ((low | (high << 4)).astype(np.int8) - np.int8(32)).reshape(rows, blocks, 16, 16)
+    q = _high_low(low, high, less=32).reshape(rows, blocks, 16, 16)
     d = _f16(b[..., 208:210])[..., None]
     scale = d * b[..., 192:208].copy().view(np.int8).astype(np.float32)
     return _super(q, scale, np.zeros_like(scale), bits=8)
@@ -185,6 +217,14 @@ BLOCK_TYPES: dict[int, BlockType] = {
     13: BlockType("Q5_K", SUPER, 176, _q5_k),
     14: BlockType("Q6_K", SUPER, 210, _q6_k),
 }
+
+
+def joined(raws: list[np.ndarray]) -> np.ndarray:
+    """Raw block rows of one format stacked into one matrix (the one array where it is alone),
+    copied on torch (as `_nibbles`)."""
+    if len(raws) == 1:
+        return raws[0]
+    return torch.cat([_read_only(raw) for raw in raws]).numpy()
 
 
 def decode(type_id: int, raw: np.ndarray) -> GroupAffine:

@@ -270,9 +270,7 @@ def _decode_together(
             # whole rows of blocks move, so permuting the raw bytes is exact and cheap
             raw = raw[_unpermute_rows(raw.shape[0], heads).numpy()]
         raws.append(raw)
-    whole = gguf_blocks.decode(
-        members[0][1].type_id, np.concatenate(raws) if len(raws) > 1 else raws[0]
-    )
+    whole = gguf_blocks.decode(members[0][1].type_id, gguf_blocks.joined(raws))
     out, start = {}, 0
     for (hf, info), raw in zip(members, raws):
         out[hf] = whole.row_slice(start, start + raw.shape[0])
