@@ -69,3 +69,30 @@ def test_any_pass_that_is_not_a_decode_step_resets_the_copies():
     other = runner.pool.alloc(15)
     swapped = [Segment(token_ids=[1], start=14, kv_slots=other[:15], logits_from=0)]
     assert kv.plan(swapped).fresh  # a different request in the same batch position
+
+
+def test_copies_are_sized_to_the_batch_not_to_the_longest_earlier_one():
+    """A long request's copies do not size a later batch's: the capacity is kept only for a
+    batch of the same size that it holds with at most twice the positions it needs."""
+    runner = tiny_runner()
+    kv = DecodeKV(runner.pool, max_bytes=None)
+    slots = runner.pool.alloc(3 * ROUND)
+
+    def step(rows: int, length: int) -> int:
+        segments = [
+            Segment(token_ids=[1], start=length - 1, kv_slots=slots[:length], logits_from=0)
+            for _ in range(rows)
+        ]
+        view = kv.plan(segments)
+        assert view is not None and view.k_all.shape[1] == rows
+        return view.capacity
+
+    assert step(1, 3 * ROUND) == 3 * ROUND  # one long request
+    assert step(4, 10) == ROUND  # a new batch of short ones: sized to them
+    assert step(4, ROUND + 5) == 2 * ROUND  # grows with them
+    assert step(4, ROUND - 3) == 2 * ROUND  # same size, within twice the need: kept
+    assert step(4, 2 * ROUND + 5) == 3 * ROUND
+    assert step(4, 5) == ROUND  # more than twice: sized down
+    assert kv.nbytes == 2 * runner.pool.num_layers * 4 * runner.pool.num_kv_heads * ROUND * (
+        runner.pool.head_dim * kv.dtype.itemsize
+    )

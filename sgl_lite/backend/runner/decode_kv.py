@@ -91,8 +91,13 @@ class DecodeKV:
         if not (single or (extend and batch == 1)):
             self.reset()
             return None
-        longest = max(s.end for s in segments)
-        capacity = max(self._shape[1], -(-longest // ROUND) * ROUND)
+        need = -(-max(s.end for s in segments) // ROUND) * ROUND
+        # A batch of the size of the last keeps its copies' capacity where that holds this
+        # batch and is no more than twice what it needs (no new copies); else the copies are
+        # sized to this batch, so one long prompt's copies do not size every later batch's
+        # (16 rows after a 512-token prompt held 512 MB of copies for 192 positions).
+        same_size = batch == self._shape[0] and need <= self._shape[1] <= 2 * need
+        capacity = self._shape[1] if same_size else need
         pool = self.pool
         row_bytes = pool.num_kv_heads * pool.head_dim * self.dtype.itemsize
         limit = self.max_bytes
@@ -112,6 +117,7 @@ class DecodeKV:
         )
         heads = pool.num_kv_heads
         if (batch, capacity) != self._shape:
+            self.release()  # the old copies go before the new ones are made (the peak)
             shape = (pool.num_layers, batch, heads, capacity, pool.head_dim)
             self._k_all = torch.zeros(shape, dtype=self.dtype, device=pool.device)
             self._v_all = torch.zeros(shape, dtype=self.dtype, device=pool.device)
