@@ -285,6 +285,46 @@ def test_models_the_graph_does_not_build_keep_the_torch_step_and_say_why(change,
         OrtDecodeStep.build(model, {}, None, threads=1, max_rows=4)  # type: ignore[arg-type]
 
 
+class _RecordedRuns:
+    """The step's session, recording the run options of each run."""
+
+    def __init__(self, session):
+        self.session, self.options = session, []
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+    def run_with_iobinding(self, binding, options=None):
+        self.options.append(options)
+        return self.session.run_with_iobinding(binding, options)
+
+
+def test_a_prompt_chunk_hands_its_working_memory_back_and_a_decode_step_keeps_it(monkeypatch):
+    """Past SHRINK_AFTER_TOKENS new tokens a pass shrinks onnxruntime's arena when it ends
+    (a prompt's activations would otherwise stay resident under every later peak); a decode
+    step does not (the next one reuses its memory), and both compute the same either way."""
+    from sgl_lite.backend.runner import ort_step
+
+    monkeypatch.setattr(ort_step, "SHRINK_AFTER_TOKENS", 2)
+    runner, step = _runner_on_codes()
+    step.session = recorded = _RecordedRuns(step.session)
+    ((ids, slots),) = prefill_random(runner, [5])
+    slots = torch.cat([slots[:-1], runner.pool.alloc(8)])
+    chunk = Segment(token_ids=[3, 4, 5], start=4, kv_slots=slots[:7], logits_from=2)
+    decode = Segment(token_ids=[6], start=7, kv_slots=slots[:8], logits_from=0)
+    kv = DecodeKV(runner.pool, torch.float32, max_bytes=None)
+    shrunk = [step.run([chunk], runner.pool, kv).rows(0), step.run([decode], runner.pool, kv)]
+    chunk_options, decode_options = recorded.options
+    assert chunk_options.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
+    assert decode_options is None
+    monkeypatch.setattr(ort_step, "SHRINK_AFTER_TOKENS", 64)
+    kv = DecodeKV(runner.pool, torch.float32, max_bytes=None)
+    again = [step.run([chunk], runner.pool, kv).rows(0), step.run([decode], runner.pool, kv)]
+    assert recorded.options[2:] == [None, None]
+    assert torch.equal(shrunk[0], again[0])
+    assert torch.equal(shrunk[1].rows(0), again[1].rows(0))
+
+
 def test_one_set_of_decode_copies_is_held_at_a_time():
     """Decode batches the graph takes run on its float32 copies, larger ones on the torch
     step's: whichever ran last holds copies, the other's are freed (they may be large)."""

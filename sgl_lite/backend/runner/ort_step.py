@@ -29,6 +29,7 @@ import torch
 
 from sgl_lite.backend.runner.models.llama import LlamaForCausalLM, head_dim_of
 from sgl_lite.backend.runner.ort_graph import step_session, unsupported
+from sgl_lite.backend.runner.weights.ort_nbits import return_freed_memory
 from sgl_lite.backend.runner.weights.quant import GroupAffine
 from sgl_lite.backend.types import ForwardOutput
 
@@ -41,6 +42,11 @@ logger = logging.getLogger("sgl_lite")
 
 # The bound inputs' element types.
 _NP = {torch.float32: np.float32, torch.int32: np.int32, torch.int64: np.int64}
+# Passes of more new tokens than this (prompt chunks) hand their working memory back when they
+# end: onnxruntime's arena and the C heap keep a 512-token pass's activations (~230 MB for a
+# Llama-1B shape) for the process's life otherwise, under every later peak. A decode step's
+# few rows keep theirs, as the next step reuses them.
+SHRINK_AFTER_TOKENS = 64
 
 
 class _StepInputs(NamedTuple):
@@ -70,6 +76,10 @@ class OrtDecodeStep:
         self.head_dim = head_dim_of(config)
         self.vocab = config.vocab_size
         self._bound: tuple[tuple[int, ...], Any, _StepInputs] | None = None
+        import onnxruntime as ort
+
+        self._shrink = ort.RunOptions()
+        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
     @classmethod
     def build(
@@ -173,7 +183,11 @@ class OrtDecodeStep:
         inputs.picked.copy_(picked)
         logits = torch.empty(len(picked), self.vocab)  # fresh each pass: callers may keep it
         binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.data_ptr())
-        self.session.run_with_iobinding(binding)
+        if tokens > SHRINK_AFTER_TOKENS:
+            self.session.run_with_iobinding(binding, self._shrink)
+            return_freed_memory()
+        else:
+            self.session.run_with_iobinding(binding)
         # The pool gets this pass's K/V rows, read back from where the graph put them.
         rows = (self.layers, -1, self.head_dim)
         kv_out = (self.layers, tokens, self.kv_heads, self.head_dim)
@@ -184,8 +198,8 @@ class OrtDecodeStep:
         if pool.k.dtype != torch.float32:
             # The copies keep these rows as the pool keeps them (bf16-rounded). Otherwise later
             # steps would read float32 values until the next fresh gather, whose timing depends
-            # on what ran before (the copies' capacity only grows): a greedy request sent twice
-            # could then part.
+            # on what ran before (the copies' size follows earlier batches): a greedy request
+            # sent twice could then part.
             for copy, new in ((view.k_all, new_k), (view.v_all, new_v)):
                 rounded = new.to(pool.k.dtype).to(torch.float32).view(rows)
                 copy.view(rows).index_copy_(1, view.new_index, rounded)
