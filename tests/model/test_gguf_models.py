@@ -339,12 +339,15 @@ def _segments(pool, prompts: list[list[int]]) -> list[tuple[Segment, Segment]]:
     return pairs
 
 
-def test_without_dense_linears_the_token_table_stays_codes(tmp_path, tiny_tokenizer, monkeypatch):
+def test_without_dense_linears_the_token_table_is_read_from_the_file(
+    tmp_path, tiny_tokenizer, monkeypatch
+):
     """Codes-only linears and a tied head whose table the file keeps at 8 bits (Q6_K, as
-    llama.cpp writes it): the table is never dequantized whole; lookups give the dense table's
-    rows bit for bit (in the model's dtype), and the logits are the float32 reference's."""
+    llama.cpp writes it): the table is never held, dense or as codes; lookups read the file and
+    give the dense table's rows bit for bit (in the model's dtype), and the logits are the
+    float32 reference's."""
     from sgl_lite.backend.runner.weights import choose
-    from sgl_lite.backend.runner.weights.embedding import CodesEmbedding
+    from sgl_lite.backend.runner.weights.embedding import FileEmbedding
 
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "0")
     model = tiny_model(
@@ -359,8 +362,10 @@ def test_without_dense_linears_the_token_table_stays_codes(tmp_path, tiny_tokeni
     write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0", random_blocks=blocks)
     folder = resolve_model_path(gguf_file)
     runner = ModelRunner(folder, EngineConfig(max_total_tokens=256, device="cpu"))
-    assert isinstance(runner.model.embed_tokens, CodesEmbedding)
-    assert runner.model.embed_tokens.q.dtype == torch.int8  # 1 byte a weight
+    table_module = runner.model.embed_tokens
+    assert isinstance(table_module, FileEmbedding)
+    assert not [v for v in vars(table_module).values() if isinstance(v, torch.Tensor)]
+    assert not list(table_module.buffers()) and not list(table_module.parameters())
     dense = EngineConfig(max_total_tokens=256, device="cpu", quantization="none", dtype="float32")
     reference = ModelRunner(folder, dense)
     assert isinstance(reference.model.embed_tokens, torch.nn.Embedding)

@@ -21,7 +21,12 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.kvcache.kv_pool import KVPool
 from sgl_lite.backend.runner.decode_graphs import DecodeGraphs
 from sgl_lite.backend.runner.decode_kv import DecodeKV, KVView
-from sgl_lite.backend.runner.model_loader import ModelLoadError, load_config, load_state_dict
+from sgl_lite.backend.runner.model_loader import (
+    ModelLoadError,
+    gguf_source,
+    load_config,
+    load_state_dict,
+)
 from sgl_lite.backend.runner.models import build_model, family_of
 from sgl_lite.backend.runner.models.llama import (
     Attention,
@@ -45,7 +50,7 @@ from sgl_lite.backend.runner.weights.choose import (
     prepare_weights,
     read_file_codes,
 )
-from sgl_lite.backend.runner.weights.embedding import CodesEmbedding
+from sgl_lite.backend.runner.weights.embedding import FileEmbedding
 from sgl_lite.backend.runner.weights.formats import WeightFormat
 from sgl_lite.backend.runner.weights.packing import dense_from_codes_names, fill_dense_from_codes
 from sgl_lite.backend.types import ForwardOutput, Segment
@@ -83,10 +88,11 @@ class ModelRunner:
         self.format, pack_note, self.decode_step = prepare_weights(
             model, model_folder, config, self.device, quantized, plan
         )
-        if HEAD in plan.names:  # the token table was never read dense: its codes serve lookups
-            table = CodesEmbedding(quantized[HEAD], self.format.dense_dtype)
-            model.embed_tokens = table
-            pack_note += f"; token table as codes ({table.nbytes / 2**20:.0f} MB)"
+        source = gguf_source(model_folder)
+        if HEAD in plan.names and source is not None:
+            # The token table was never read dense: lookups read its rows from the file.
+            model.embed_tokens = FileEmbedding(source, self.format.dense_dtype)
+            pack_note += "; token table read from the file"
         del quantized
         self.model = _placed(model, self.device, self.format.dense_dtype).eval()
         # Where every pass runs on the graph there are no dense linears, and a tied head's

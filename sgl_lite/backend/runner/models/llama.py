@@ -30,7 +30,7 @@ from sgl_lite.backend.runner.models.rope import (
 from sgl_lite.backend.runner.models.shared_prefix import attend_shared
 from sgl_lite.backend.runner.models.spec import LLAMA, DecoderSpec
 from sgl_lite.backend.runner.weights import onednn
-from sgl_lite.backend.runner.weights.embedding import CodesEmbedding
+from sgl_lite.backend.runner.weights.embedding import FileEmbedding
 from sgl_lite.backend.runner.weights.linear import Linear, dense_linear
 from sgl_lite.backend.runner.weights.quant import PackedWeight
 
@@ -308,7 +308,7 @@ class LlamaForCausalLM(nn.Module):
         # meta device, where the first `normal_` costs ~1.5 s of torch's lazy set-up per process.
         table = torch.empty(config.vocab_size, config.hidden_size)
         # The dense table, or its file's codes where nothing else reads it (`weights.embedding`)
-        self.embed_tokens: nn.Embedding | CodesEmbedding = nn.Embedding(
+        self.embed_tokens: nn.Embedding | FileEmbedding = nn.Embedding(
             config.vocab_size, config.hidden_size, _weight=table
         )
         self.layers = nn.ModuleList(

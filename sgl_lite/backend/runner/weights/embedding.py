@@ -1,51 +1,57 @@
-"""An embedding table kept as its file's codes: a lookup dequantizes only the rows it reads.
+"""An embedding table read from its GGUF file: a lookup decodes only the rows it reads.
 
 A GGUF's token table is quantized like its linears (Q6_K or Q8_0 for a tied head, by
 llama.cpp's rule). Dequantized whole it is the largest float32 tensor of a small model: 0.4 GB
-for a 1B Llama shape with SmolLM2's 49k vocabulary, 1.2 GB for Gemma 3 1B's 262k; as codes it
-is ~1.25 bytes a weight (against 2 in bf16, 4 in float32). The rows a pass reads are
-dequantized as `GroupAffine.dequantize` does, to the float32 values the whole dense table would
-hold, then cast to the model's dtype like the table was: a lookup gives the same bits either
-way.
+for a 1B Llama shape with SmolLM2's 49k vocabulary, 1.2 GB for Gemma 3 1B's 262k; even as codes
+it is ~1.1 bytes a weight, a second copy beside the graph's head where the head is tied. Read
+through a map of the file, the table takes no memory of its own: only the file pages of the
+rows read, which the kernel may drop and read again. The rows are dequantized as
+`GroupAffine.dequantize` does, to the float32 values the whole dense table would hold, then cast
+to the model's dtype like the table was: a lookup gives the same bits either way.
 """
 
 from __future__ import annotations
 
+import mmap
+from pathlib import Path
+
+import numpy as np
 import torch
 from torch import nn
 
-from sgl_lite.backend.runner.weights.quant import GroupAffine
+from sgl_lite.backend.runner.weights import gguf_blocks
+from sgl_lite.backend.runner.weights.gguf_header import read_header, tensor_bytes
+
+TABLE = "token_embd.weight"  # the token table's name in a GGUF file
 
 
-class CodesEmbedding(nn.Module):
-    """`nn.Embedding`'s lookup over a (vocab, hidden) table held as codes."""
+class FileEmbedding(nn.Module):
+    """`nn.Embedding`'s lookup over the (vocab, hidden) table of a GGUF file, read through a
+    map of the file: a lookup decodes its rows' blocks as `gguf_blocks.decode` does."""
 
-    def __init__(self, codes: GroupAffine, dtype: torch.dtype) -> None:
+    def __init__(self, path: Path, dtype: torch.dtype) -> None:
         super().__init__()
-        # Plain attributes, not buffers: `model.to(dtype)` must not turn the codes into floats.
-        self.q, self.scale, self.group = codes.q, codes.scale, codes.group
-        # The 8-bit formats of a table (Q6_K, Q8_0) are symmetric: no offsets to hold.
-        self.offset = codes.offset if bool(codes.offset.any()) else None
+        header = read_header(path)
+        info = next((t for t in header.tensors if t.name == TABLE), None)
+        if info is None or info.type_id not in gguf_blocks.BLOCK_TYPES:
+            raise ValueError(f"{path} has no token table in a block format ({TABLE})")
+        with open(path, "rb") as file:
+            self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        self.embedding_dim, self.num_embeddings = info.dims[0], info.dims[1]
+        start = header.data_start + info.offset
+        self._rows = np.frombuffer(self._map, np.uint8, tensor_bytes(info), start).reshape(
+            self.num_embeddings, -1
+        )
+        self._type = info.type_id
         self.dtype = dtype
-        self.num_embeddings, self.embedding_dim = codes.q.shape
 
     @property
     def weight(self) -> torch.Tensor:
         """The table's shape and dtype, on the meta device: there is no dense copy to read (as
         for a codes-only linear's weight); any use of its values fails loudly."""
-        return torch.empty(self.q.shape, dtype=self.dtype, device="meta")
-
-    @property
-    def nbytes(self) -> int:
-        """Memory the codes, scales and offsets take."""
-        parts = [self.q, self.scale] + ([self.offset] if self.offset is not None else [])
-        return sum(t.numel() * t.element_size() for t in parts)
+        return torch.empty(self.num_embeddings, self.embedding_dim, dtype=self.dtype, device="meta")
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (T,) → (T, hidden) in the model's dtype: `GroupAffine.dequantize`'s rows."""
-        t, k = len(ids), self.embedding_dim
-        groups = self.q.index_select(0, ids).view(t, k // self.group, self.group).float()
-        rows = groups * self.scale.index_select(0, ids)[..., None]
-        if self.offset is not None:
-            rows = rows + self.offset.index_select(0, ids)[..., None]
-        return rows.view(t, k).to(self.dtype)
+        """ids (T,) → (T, hidden) in the model's dtype."""
+        raw = self._rows[ids.cpu().numpy()]  # a copy of the rows' blocks
+        return gguf_blocks.decode(self._type, raw).dequantize().to(self.dtype).to(ids.device)
