@@ -318,9 +318,11 @@ def _shapes(shapes: dict) -> list[str]:
         "",
         "Every file here has more than 512 MB of linears once dense, so sgl_lite runs it from "
         "the file's codes alone (docs/models.md): every pass on the onnxruntime graph. The rows "
-        "come from three runs on different sessions' machines (the Llama-1B Q4_K_M and Q4_0 rows "
-        "the latest, after the fused-parts and token-table load changes; then Gemma's; the rest "
-        "earlier): compare ratios within a row, whose two systems ran in one run. Where its decode "
+        "come from several runs on different sessions' machines (the three Llama-1B rows the "
+        "latest, after the load's unpacking moved to torch, onnxruntime's scratch files to "
+        "/dev/shm, decode copies sized to their batch, long passes giving their memory back and "
+        "the token table read from the file; then Gemma's; the rest earlier): compare ratios "
+        "within a row, whose two systems ran in one run. Where its decode "
         "trails, onnxruntime's profile puts ~96 % of the step in `MatMulNBits`; its prefill "
         "trails where the int8-activation GEMM at 512 rows is slower than a dense bf16 one "
         "(`SGL_LITE_DENSE_LINEARS=1` keeps a dense copy for it, at ~2 bytes a weight).",
