@@ -88,9 +88,9 @@ class ModelRunner:
         self.format, pack_note, self.decode_step = prepare_weights(
             model, model_folder, config, self.device, quantized, plan
         )
-        source = gguf_source(model_folder)
-        if HEAD in plan.names and source is not None:
-            # The token table was never read dense: lookups read its rows from the file.
+        # The token table was never read dense: lookups read its rows from the file the codes
+        # came from (`read_file_codes`).
+        if HEAD in plan.names and (source := gguf_source(model_folder)) is not None:
             model.embed_tokens = FileEmbedding(source, self.format.dense_dtype)
             pack_note += "; token table read from the file"
         del quantized

@@ -15,12 +15,12 @@ from __future__ import annotations
 import mmap
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from sgl_lite.backend.runner.weights import gguf_blocks
-from sgl_lite.backend.runner.weights.gguf_header import read_header, tensor_bytes
+from sgl_lite.backend.runner.weights.gguf_header import read_header
+from sgl_lite.backend.runner.weights.gguf_tensors import raw_rows
 
 TABLE = "token_embd.weight"  # the token table's name in a GGUF file
 
@@ -37,11 +37,8 @@ class FileEmbedding(nn.Module):
             raise ValueError(f"{path} has no token table in a block format ({TABLE})")
         with open(path, "rb") as file:
             self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-        self.embedding_dim, self.num_embeddings = info.dims[0], info.dims[1]
-        start = header.data_start + info.offset
-        self._rows = np.frombuffer(self._map, np.uint8, tensor_bytes(info), start).reshape(
-            self.num_embeddings, -1
-        )
+        self._rows = raw_rows(self._map, header, info)  # (vocab, bytes per row), no copy
+        self.embedding_dim, self.num_embeddings = info.dims[0], self._rows.shape[0]
         self._type = info.type_id
         self.dtype = dtype
 

@@ -122,7 +122,7 @@ def _unpermute_rows(rows: int, n_head: int) -> torch.Tensor:
     return index.view(n_head, rows // n_head // 2, 2).transpose(1, 2).reshape(rows)
 
 
-def _raw_rows(data: mmap.mmap, header: GGUFHeader, info: TensorInfo) -> np.ndarray:
+def raw_rows(data: mmap.mmap, header: GGUFHeader, info: TensorInfo) -> np.ndarray:
     """A tensor's bytes as (rows, bytes per row), a view into the mapped file."""
     size = tensor_bytes(info)
     return np.frombuffer(data, np.uint8, size, header.data_start + info.offset).reshape(
@@ -189,7 +189,7 @@ def read_dense(
         hf = hf_tensor_name(info.name, header.architecture)
         if hf is None or hf in skip:
             continue
-        tensor = _dense(info, _raw_rows(data, header, info))
+        tensor = _dense(info, raw_rows(data, header, info))
         heads = _permuted_heads(hf, header, config)
         if heads is not None:
             tensor = tensor[_unpermute_rows(tensor.shape[0], heads)]
@@ -210,7 +210,7 @@ def read_tensor(path: Path, gguf_name: str) -> torch.Tensor | None:
         return None
     with open(path, "rb") as file:
         data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    return _dense(info, _raw_rows(data, header, info))
+    return _dense(info, raw_rows(data, header, info))
 
 
 def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffine]:
@@ -264,7 +264,7 @@ def _decode_together(
     row views of it, so fusing them later (`GroupAffine.cat`) copies nothing."""
     raws = []
     for hf, info in members:
-        raw = _raw_rows(data, header, info)
+        raw = raw_rows(data, header, info)
         heads = _permuted_heads(hf, header, config)
         if heads is not None:
             # whole rows of blocks move, so permuting the raw bytes is exact and cheap
