@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.runner.model_runner import DECODE_OVER_COPIES_MIN_ROWS, ModelRunner
+from sgl_lite.backend.runner.models.llama import Attention
 from sgl_lite.backend.runner.weights import quant
 from sgl_lite.backend.runner.weights.cpu import rows_invariant
 from sgl_lite.backend.types import Segment
-from tests.support.runner_logits import chunked_logits, perplexity
+from tests.support.runner_logits import chunked_logits, decoded_logits, perplexity
 
 # A fixed natural text for perplexity (no repetition, so the figure means something).
 PPL_TEXT = (
@@ -108,6 +109,33 @@ def test_embedded_model_matches_float32_top1_and_perplexity_in_both_modes(
     for chunk in (len(text), 1):  # one prefill; decode steps
         ppl = perplexity(chunked_logits(ours_runner, text, chunk), text)
         assert abs(ppl / ppl_ref - 1) <= 0.01, f"chunk {chunk}: ppl {ppl:.3f} vs {ppl_ref:.3f}"
+
+
+def test_decode_steps_of_eight_rows_keep_the_fast_modes_bounds(
+    smollm_folder, float32_reference, monkeypatch
+):
+    """A torch decode step of DECODE_OVER_COPIES_MIN_ROWS rows attends over the decode copies'
+    whole capacity with bf16 scores; every row keeps the fast mode's bounds against float32
+    (>= 63 of 64 next tokens, perplexity within 1 %)."""
+    monkeypatch.setenv("SGL_LITE_DISABLE_ORT_STEP", "1")  # the torch step, whatever the batch
+    runner = ModelRunner(smollm_folder, EngineConfig(max_total_tokens=4096, device="cpu"))
+    taken = []
+    monkeypatch.setattr(
+        Attention,
+        "_decode_over_copies",
+        lambda self, *args, _run=Attention._decode_over_copies: (
+            taken.append(1) or _run(self, *args)
+        ),
+    )
+    prompt, ref, text, ppl_ref = float32_reference
+    rows = DECODE_OVER_COPIES_MIN_ROWS
+    for row in decoded_logits(runner, prompt, rows):
+        agree = (row.argmax(-1) == ref.argmax(-1)).sum().item()
+        assert agree >= 63, f"top-1 agreement {agree}/64"
+    assert taken  # the steps attended over the copies
+    for row in decoded_logits(runner, text, rows):
+        ppl = perplexity(row, text)
+        assert abs(ppl / ppl_ref - 1) <= 0.01, f"ppl {ppl:.3f} vs {ppl_ref:.3f}"
 
 
 def test_decode_rows_on_a_shared_prompt_read_it_once_with_the_padded_passes_logits(

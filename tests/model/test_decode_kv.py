@@ -96,3 +96,64 @@ def test_copies_are_sized_to_the_batch_not_to_the_longest_earlier_one():
     assert kv.nbytes == 2 * runner.pool.num_layers * 4 * runner.pool.num_kv_heads * ROUND * (
         runner.pool.head_dim * kv.dtype.itemsize
     )
+
+
+def test_eight_decode_rows_over_the_copies_whole_capacity_match_sdpa(monkeypatch):
+    """From DECODE_OVER_COPIES_MIN_ROWS bf16 decode rows, attention reads the copies' whole
+    capacity with the positions past each row masked: stale values there (a longer earlier
+    batch's) change nothing, and the logits match SDPA's over the used part to bf16 rounding."""
+    from sgl_lite.backend.kvcache.kv_pool import KVPool
+    from sgl_lite.backend.runner.model_runner import DECODE_OVER_COPIES_MIN_ROWS
+    from sgl_lite.backend.runner.models.llama import Attention
+
+    runner = tiny_runner()
+    pool = runner.pool
+    runner.pool = KVPool(
+        num_layers=pool.num_layers,
+        num_slots=pool.num_slots,
+        num_kv_heads=pool.num_kv_heads,
+        head_dim=pool.head_dim,
+        dtype=torch.bfloat16,
+        scratch_slots=1,
+    )
+    lengths = [5, 40, 17, 9, 30, 3, 22, 11][:DECODE_OVER_COPIES_MIN_ROWS]
+    seqs = [
+        (ids, torch.cat([s[:-1], runner.pool.alloc(8)]))
+        for ids, s in prefill_random(runner, lengths)
+    ]
+    snapshot = (runner.pool.k.clone(), runner.pool.v.clone())
+    calls = []
+    original = Attention._decode_over_copies
+
+    def counted(self, *args):
+        calls.append(self.layer_id)
+        return original(self, *args)
+
+    monkeypatch.setattr(Attention, "_decode_over_copies", counted)
+    runs = {}
+    for over_copies in (False, True):
+        runner.pool.k.copy_(snapshot[0])
+        runner.pool.v.copy_(snapshot[1])
+        monkeypatch.setattr(Attention, "decode_over_copies", over_copies)
+        runner.decode_kv = DecodeKV(runner.pool)
+        logits, lens = [], [len(ids) - 1 for ids, _ in seqs]
+        for step in range(6):
+            segments = [
+                Segment(
+                    token_ids=[(5 * step + i) % 200], start=n, kv_slots=s[: n + 1], logits_from=0
+                )
+                for i, ((_, s), n) in enumerate(zip(seqs, lens))
+            ]
+            logits.append(runner.forward(segments).logits)
+            lens = [n + 1 for n in lens]
+            if step == 0:  # what a longer batch of this size left in the copies past every row
+                copies = runner.decode_kv
+                copies._k_all[..., max(lens) :, :] = 1e3
+                copies._v_all[..., max(lens) :, :] = -1e3
+        runs[over_copies] = torch.stack(logits)
+    assert len(calls) == 6 * len(runner.model.layers)  # every layer of every step took the path
+    assert runner.decode_kv._shape[1] > max(lens)  # the copies had room past the longest row
+    reference, over = runs[False], runs[True]
+    assert torch.isfinite(over).all()
+    assert (over - reference).abs().max() <= 0.02 * reference.abs().max()
+    assert torch.equal(over.argmax(-1), reference.argmax(-1))

@@ -27,6 +27,22 @@ def chunked_logits(runner: ModelRunner, ids: list[int], chunk: int) -> torch.Ten
     return torch.cat(rows)
 
 
+def decoded_logits(runner: ModelRunner, ids: list[int], rows: int) -> torch.Tensor:
+    """All-position logits (rows, T, vocab) of `rows` copies of `ids` decoded together, one
+    token per row per pass (after the first token's pass), as a batched decode step runs."""
+    slots = [runner.pool.alloc(len(ids)) for _ in range(rows)]
+    steps = []
+    for t in range(len(ids)):
+        segments = [
+            Segment(token_ids=[ids[t]], start=t, kv_slots=own[: t + 1], logits_from=0)
+            for own in slots
+        ]
+        steps.append(runner.forward(segments).logits)
+    for own in slots:
+        runner.pool.free(own)
+    return torch.stack(steps, dim=1)
+
+
 def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
     """exp of the mean negative log-likelihood of `ids[1:]` under all-position `logits`."""
     logprobs = torch.log_softmax(logits[:-1], dim=-1)

@@ -59,6 +59,14 @@ ModelT = TypeVar("ModelT", bound=nn.Module)
 
 logger = logging.getLogger("sgl_lite")
 
+# The fewest decode rows that attend with two batched matmuls over the decode copies' whole
+# capacity rather than SDPA's flash kernel over their used part (`_decodes_over_copies`).
+# One torch decode step (SmolLM2, AVX512-BF16 EPYC, 2 threads; `bench.profile_step.decode_ms`
+# with `Attention.decode_over_copies` off then on, interleaved): 1 row x 500 keys 14.7 -> 17.1
+# ms and 4 x 600 24.9 -> 26.3 (slower); 8 x 1,000 53.4 -> 42.5, 16 x 500 60.3 -> 49.2,
+# 32 x 300 80.4 -> 60.7, 64 x 200 129.8 -> 108.7 (faster).
+DECODE_OVER_COPIES_MIN_ROWS = 8
+
 
 class ModelRunner:
     """Weights, KV pool and the batched forward pass."""
@@ -336,6 +344,13 @@ class ModelRunner:
         # nonzero on these tiny tensors cost ~0.4 ms a pass, 1 % of a batch-1 decode step.
         q_flat = [b * max_q + j for b, n in enumerate(lens) for j in range(n)]
         rows = [offsets[b] + j for b, n in enumerate(lens) for j in range(n)]
+        capacity_bias = None
+        if kv_view is not None and near is None and self._decodes_over_copies(batch, kv_view):
+            ends = torch.tensor([s.end for s in segments])
+            past = torch.arange(kv_view.capacity)[None, :] >= ends[:, None]  # (B, capacity)
+            capacity_bias = torch.zeros(batch, 1, 1, kv_view.capacity).masked_fill_(
+                past[:, None, None, :], float("-inf")
+            )
         return AttentionGroup(
             q_index=(torch.where(q_valid, q_rows, 0) if padded else q_rows).to(dev),
             q_flat=torch.tensor(q_flat, dtype=torch.long, device=dev),
@@ -347,6 +362,17 @@ class ModelRunner:
             rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
             kv_view=kv_view,
             shared=shared,
+            capacity_bias=None if capacity_bias is None else capacity_bias.to(dev),
+        )
+
+    def _decodes_over_copies(self, batch: int, kv_view: KVView) -> bool:
+        """Whether a decode step of `batch` rows attends over its copies' whole capacity
+        (Attention._decode_over_copies): on the CPU, in bf16 or fp16 (the fast mode; the
+        deterministic mode's float64 keeps SDPA), from `DECODE_OVER_COPIES_MIN_ROWS` rows."""
+        return (
+            batch >= DECODE_OVER_COPIES_MIN_ROWS
+            and self.device.type == "cpu"
+            and kv_view.k_all.dtype in (torch.bfloat16, torch.float16)
         )
 
 

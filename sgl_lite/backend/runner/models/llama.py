@@ -50,6 +50,9 @@ class Attention(nn.Module):
     # Set by the runner in the int modes (float64): the dtype SDPA computes in, so a query's
     # result rounds the same whatever the pass's padding and query count (weights/formats).
     attn_dtype: torch.dtype | None = None
+    # Whether decode steps with a `capacity_bias` attend over the copies' whole capacity; False
+    # where `_core` computes something else than plain softmax attention (Gemma's soft-capping).
+    decode_over_copies = True
 
     def __init__(self, config: PretrainedConfig, layer_id: int, spec: DecoderSpec = LLAMA) -> None:
         super().__init__()
@@ -148,6 +151,11 @@ class Attention(nn.Module):
         if group.shared is not None:  # decodes sharing cached prefixes: each read once
             layer_k, layer_v = pool.k_layers[self.layer_id], pool.v_layers[self.layer_id]
             out = attend_shared(q_batched, layer_k, layer_v, group.shared, self.scale)
+        elif group.capacity_bias is not None and self.decode_over_copies and k_new is not None:
+            self._keys_values(group, pool, k_new, v_new)  # brings the copies up to this step
+            assert group.kv_view is not None  # capacity_bias is set only beside the copies
+            keys, values = group.kv_view.k[self.layer_id], group.kv_view.v[self.layer_id]
+            out = self._decode_over_copies(q_batched.to(keys.dtype), keys, values, group)
         else:
             k_batched, v_batched = self._keys_values(group, pool, k_new, v_new)  # (B, Hkv, K, D)
             # Casts only where the dtype differs: decode copies are kept in attn_dtype already,
@@ -163,6 +171,25 @@ class Attention(nn.Module):
         if max_q == 1:  # decodes: every padded row is a real query, already in order
             return out.to(q.dtype)
         return out.index_select(0, group.q_flat).to(q.dtype)  # (T_g, H, D)
+
+    def _decode_over_copies(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: AttentionGroup
+    ) -> torch.Tensor:
+        """Decode queries (B, Hkv, G, D) over the decode copies' whole capacity (B, Hkv, C, D)
+        → (B, Hkv, G, D): two batched matmuls and a float32 softmax, the positions past each
+        row's keys masked by `group.capacity_bias`.
+
+        Each row's copy is a contiguous (C, D) block only over the whole capacity; over a
+        shorter slice the batched matmul first copies K and V. For decode-shaped queries (G
+        rows per KV head) this beats SDPA's flash kernel from 8 rows on (8 rows x 1,000 keys:
+        a step 53 -> 43 ms, SmolLM2, 2 threads). The scores round to bf16 before the softmax
+        (SDPA's stay float32): the fast mode's per-token bounds hold (tests/model).
+        """
+        assert group.capacity_bias is not None
+        scale = self.scale if self.scale is not None else self.head_dim**-0.5
+        scores = torch.matmul(q, keys.transpose(-1, -2)).float()  # (B, Hkv, G, C)
+        scores = scores.mul_(scale).add_(group.capacity_bias)
+        return torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
 
     def _core(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None

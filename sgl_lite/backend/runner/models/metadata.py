@@ -33,6 +33,9 @@ class AttentionGroup:
     window_mask: torch.Tensor | None = None
     rows_in_order: bool = False  # q_index is arange(B)[:, None]: queries need no gather
     kv_view: KVView | None = None  # decode steps: K/V kept gathered between steps (decode_kv)
+    # Decode steps that attend over the copies' whole capacity (Attention._decode_over_copies):
+    # (B, 1, 1, capacity) float32, 0 for each row's keys and -inf past them; else None
+    capacity_bias: torch.Tensor | None = None
     # decode steps whose rows share cached prefixes: each prefix read once (shared_prefix)
     shared: SharedPrefixes | None = None
 
