@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    AutoTokenizer,
     Gemma2Config,
     Gemma3TextConfig,
     GemmaConfig,
@@ -216,6 +217,35 @@ def test_gguf_of_the_family_loads_the_original_weights_and_logits(tmp_path, tiny
 
     # (c) our runner on the file computes the original model
     assert (_prefill_logits(folder, ids) - want).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["llama-f32", "phi3-f32", "granite-f32"])
+def test_converting_a_gguf_parses_the_file_once_and_tokenizes_as_transformers_does(
+    tmp_path, tiny_tokenizer, name, monkeypatch
+):
+    """The config and tokenizer of a GGUF are written after at most one pass of gguf's full
+    reader over the file (transformers' config mapping; a second, for AutoTokenizer's config,
+    took ~5 s on a 151k vocabulary), and the tokenizer encodes as AutoTokenizer's does."""
+    import gguf
+
+    case = CASES[name] if name in CASES else Case(LlamaConfig, "llama")
+    gguf_file = tmp_path / f"tiny-{name}.gguf"
+    write_gguf(gguf_file, _model(case, tiny_tokenizer), tiny_tokenizer, architecture=case.arch)
+    reads = []
+    full_reader = gguf.GGUFReader
+
+    def counted(*args, **kwargs):
+        reads.append(args)
+        return full_reader(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    folder = resolve_model_path(gguf_file)
+    assert len(reads) == (0 if case.arch in OWN_CONFIG else 1)
+    ours = AutoTokenizer.from_pretrained(folder)
+    if case.arch not in OWN_CONFIG:  # transformers reads these files' configs itself
+        theirs = AutoTokenizer.from_pretrained(tmp_path, gguf_file=gguf_file.name)
+        assert type(ours) is type(theirs)
+        assert ours.encode(PROMPT) == theirs.encode(PROMPT)
 
 
 def test_phi3s_fused_linears_come_as_codes_and_run_on_the_int_kernels(tmp_path, tiny_tokenizer):
