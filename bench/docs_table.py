@@ -317,15 +317,15 @@ def _shapes(shapes: dict) -> list[str]:
         table(shapes),
         "",
         "Every file here has more than 512 MB of linears once dense, so sgl_lite runs it from "
-        "the file's codes alone (docs/models.md): every pass on the onnxruntime graph. The rows "
-        "come from several runs on different sessions' machines (the three Llama-1B rows the "
-        "latest, after the load's unpacking moved to torch, onnxruntime's scratch files to "
-        "/dev/shm, decode copies sized to their batch, long passes giving their memory back and "
-        "the token table read from the file; then Gemma's; the rest earlier): compare ratios "
-        "within a row, whose two systems ran in one run. Where its decode "
-        "trails, onnxruntime's profile puts ~96 % of the step in `MatMulNBits`; its prefill "
-        "trails where the int8-activation GEMM at 512 rows is slower than a dense bf16 one "
-        "(`SGL_LITE_DENSE_LINEARS=1` keeps a dense copy for it, at ~2 bytes a weight).",
+        "the file's codes alone (docs/models.md): every pass on the onnxruntime graph. Every row "
+        "comes from one run (2026-12-07, 2-core AVX512-BF16 EPYC, 2 threads, each system alone): "
+        "batch-1 decode counts the decode steps alone on both sides, the prompt's pass apart, as "
+        "llama-cpp-python's `eval` loop does; the first-load column parses the file once. Where "
+        "its decode trails, onnxruntime's profile puts ~94 % of the step in `MatMulNBits` (the "
+        "4-bit q/k/v projection keeps float32 activations for accuracy: ~6 ms of a Q4_0 1B "
+        "step, ~4 ms more than with int8 ones); its prefill trails where the int8-activation "
+        "GEMM at 512 rows is slower than a dense bf16 one (`SGL_LITE_DENSE_LINEARS=1` keeps a "
+        "dense copy for it, at ~2 bytes a weight).",
         "",
     ]
 
