@@ -11,10 +11,10 @@ between runs (they are data, not CPU-specific).
 
 Each system runs in a fresh process per file, alone, with `--num-threads` threads: load time
 (constructor, file to ready; sgl_lite's first load, which writes the file's config and
-tokenizer folder into an empty cache, is run and reported apart), peak RSS (VmHWM after the whole run),
-prefill tok/s (one prompt of `PREFILL` tokens, one new token), batch-1 decode tok/s (128 new
-tokens after a ~100-token prompt, greedy, EOS ignored, the prompt's own pass not counted, as
-llama-cpp-python's `eval` of it is not; one warm-up, the median of 3) and, for
+tokenizer folder into an empty cache, is run and reported apart), peak RSS (VmHWM after the
+whole run), prefill tok/s (one prompt of `PREFILL` tokens, one new token), batch-1 decode
+tok/s (128 new tokens after a ~100-token prompt, greedy, EOS ignored, the prompt's own pass
+not counted, as llama-cpp-python's `eval` of it is not; one warm-up, the median of 3) and, for
 sgl_lite, 16 prompts' aggregate (64 new tokens each). Needs llama-cpp-python (`make bench-peers`).
 """
 
