@@ -362,7 +362,7 @@ class ModelRunner:
             rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
             kv_view=kv_view,
             shared=shared,
-            capacity_bias=None if capacity_bias is None else capacity_bias.to(dev),
+            capacity_bias=capacity_bias,  # only on the CPU (`_decodes_over_copies`)
         )
 
     def _decodes_over_copies(self, batch: int, kv_view: KVView) -> bool:

@@ -220,10 +220,11 @@ class Attention(nn.Module):
             keys[:, :, :max_k] = gathered.transpose(1, 2)
             gathered = pool.v_layers[layer].index_select(0, group.kv_flat).view(shape)
             values[:, :, :max_k] = gathered.transpose(1, 2)
-            # What an earlier batch left past the rows: `_decode_over_copies` reads it (masked),
-            # and a masked NaN would still reach the output through softmax(...) @ V.
-            keys[:, :, max_k:] = 0
-            values[:, :, max_k:] = 0
+            if group.capacity_bias is not None:
+                # What an earlier batch left past the rows: `_decode_over_copies` reads it
+                # (masked), and a masked NaN would still reach the output through softmax @ V.
+                keys[:, :, max_k:] = 0
+                values[:, :, max_k:] = 0
         else:  # the previous step's rows plus this step's token, which the pool has too
             rows = (-1, self.head_dim)
             keys.view(rows).index_copy_(0, view.new_index, k_new.reshape(rows).to(keys.dtype))

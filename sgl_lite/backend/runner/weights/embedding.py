@@ -32,7 +32,7 @@ class FileEmbedding(nn.Module):
     def __init__(self, path: Path, dtype: torch.dtype) -> None:
         super().__init__()
         header = read_header(path)
-        info = next((t for t in header.tensors if t.name == TABLE), None)
+        info = header.tensor(TABLE)
         if info is None or info.type_id not in gguf_blocks.BLOCK_TYPES:
             raise ValueError(f"{path} has no token table in a block format ({TABLE})")
         with open(path, "rb") as file:

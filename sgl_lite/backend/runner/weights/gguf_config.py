@@ -124,7 +124,7 @@ def _rope(header: GGUFHeader, head_dim: int) -> dict[str, Any]:
             f"{arch}.rope.dimension_count ({rotary}) differs from the head size ({head_dim}): "
             f"partial rotary is not supported for {arch} GGUF files"
         )
-    if any(t.name == "rope_freqs.weight" for t in header.tensors):
+    if header.tensor("rope_freqs.weight") is not None:
         raise GGUFConfigError(
             f"the file carries rope_freqs (Llama 3 RoPE factors), which no {arch} model has; "
             "load the model's Hugging Face folder instead"

@@ -54,6 +54,10 @@ class GGUFHeader:
         """`general.architecture` (e.g. "llama", "qwen2"); "" when the file names none."""
         return str(self.metadata.get("general.architecture", ""))
 
+    def tensor(self, name: str) -> TensorInfo | None:
+        """The entry of the tensor called `name` in the file (llama.cpp's name), or None."""
+        return next((t for t in self.tensors if t.name == name), None)
+
 
 class _Cursor:
     """Reads little-endian GGUF header fields from a memory-mapped file, bounds-checked."""

@@ -205,7 +205,7 @@ def read_tensor(path: Path, gguf_name: str) -> torch.Tensor | None:
     llama.cpp's changes); None where the file has none of that name. For the few tensors that
     describe the config rather than the weights (Phi-3's RoPE factors)."""
     header = read_header(path)
-    info = next((t for t in header.tensors if t.name == gguf_name), None)
+    info = header.tensor(gguf_name)
     if info is None:
         return None
     with open(path, "rb") as file:
