@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -137,3 +139,21 @@ def test_a_schema_is_rewritten_exactly_before_the_backends_see_it() -> None:
     regex = shared_compiler().validate("json_schema", schema)
     assert re.fullmatch(regex, '{"a": 1}') and re.fullmatch(regex, '{"b": 2}')
     assert not re.fullmatch(regex, '{"a": 1, "b": 2}') and not re.fullmatch(regex, "{}")
+
+
+def test_jsonschema_is_imported_off_the_callers_thread_by_the_compiler_not_by_the_engine():
+    # jsonschema's import builds its format checkers' parser (~1 s): the engine's import must
+    # not pay it, and a compiler starts it in the background before the first schema arrives
+    code = (
+        "import sys, time; import sgl_lite.backend.engine, sgl_lite.server.openai.tool_parser;"
+        "print('jsonschema' in sys.modules);"
+        "from sgl_lite.backend.constrained import GrammarCompiler;"
+        "from tests.support.smollm import smollm2_tokenizer;"
+        "GrammarCompiler(smollm2_tokenizer(), backend='outlines');"
+        "end = time.monotonic() + 60\n"
+        "while 'jsonschema._format' not in sys.modules and time.monotonic() < end:"
+        " time.sleep(0.05)\n"
+        "print('jsonschema._format' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "True"], out.stderr

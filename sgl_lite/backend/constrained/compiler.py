@@ -22,8 +22,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Literal, NamedTuple
 
-import jsonschema
-
 from sgl_lite.backend.constrained.automaton.grammar import DEFAULT_MASK_CACHE_STATES
 from sgl_lite.backend.constrained.automaton.index_worker import IndexWorkers
 from sgl_lite.backend.constrained.builds import GrammarBuilds
@@ -120,13 +118,13 @@ class GrammarCompiler:
             cache_size=cache_size,
             mask_cache_states=mask_cache_states,
         )
-        if backend == "auto":
-            # NOTE: llguidance's view of the tokenizer takes seconds to build (more on a loaded
-            # machine); `auto` sends every schema to llguidance, so it is started now, off the
-            # caller's thread, rather than inside the first schema request's validation
-            threading.Thread(
-                target=_warm_llguidance, args=(tokenizer,), name="llguidance-warm", daemon=True
-            ).start()
+        # NOTE: what the first schema request would otherwise wait for is started now, off
+        # the caller's thread: jsonschema's import (~1 s: its format checkers build a parser)
+        # and, under `auto`, which sends every schema to llguidance, llguidance's view of the
+        # tokenizer (seconds, more on a loaded machine)
+        threading.Thread(
+            target=_warm, args=(tokenizer, backend == "auto"), name="grammar-warm", daemon=True
+        ).start()
 
     @property
     def stats(self) -> CompileStats:
@@ -303,10 +301,14 @@ class _Plan(NamedTuple):
     notes: tuple[str, ...] = ()
 
 
-def _warm_llguidance(tokenizer: Any) -> None:
-    """Builds (and caches) llguidance's tokenizer; a failure shows up at the first use."""
+def _warm(tokenizer: Any, llguidance: bool) -> None:
+    """Imports jsonschema and, if asked, builds (and caches) llguidance's tokenizer; a failure
+    shows up at the first use."""
     with contextlib.suppress(Exception):
-        ll_tokenizer(tokenizer)
+        import jsonschema  # noqa: F401
+
+        if llguidance:
+            ll_tokenizer(tokenizer)
 
 
 def _any_object(kind: str, pattern: str | dict) -> bool:
@@ -379,6 +381,8 @@ def _load_schema(pattern: str | dict) -> dict:
         schema = pattern
     if not isinstance(schema, dict):
         raise GrammarError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+    import jsonschema  # NOTE: at first use (~1 s); GrammarCompiler warms it
+
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.exceptions.SchemaError as exc:

@@ -15,9 +15,10 @@ import json
 import re
 import threading
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
+if TYPE_CHECKING:
+    import jsonschema
 
 
 class _Counters:
@@ -56,6 +57,8 @@ def check_output(kind: str, pattern: str | dict, text: str) -> str | None:
             instance = json.loads(text)
         except json.JSONDecodeError as exc:
             return f"output is not valid JSON: {exc}"
+        import jsonschema  # NOTE: at first use (~1 s); GrammarCompiler warms it
+
         # NOTE: a request carries its schema as text: parsed once per text, not per output
         validator = _validator(pattern) if isinstance(pattern, str) else _new_validator(pattern)
         try:
@@ -75,6 +78,8 @@ def _validator(text: str) -> Any:
 
 
 def _new_validator(schema: Any) -> Any:
+    import jsonschema
+
     cls = jsonschema.validators.validator_for(schema)
     return cls(schema, format_checker=_format_checker(cls))
 
@@ -88,6 +93,8 @@ def _compiled_regex(pattern: str) -> re.Pattern[str]:
 def _format_checker(cls: Any) -> jsonschema.FormatChecker:
     """The draft's format checker, with Draft 2020-12's checks for the formats it lacks (an
     older draft's `uuid`, `duration`...), which the backends enforce whatever the draft."""
+    import jsonschema
+
     checker = jsonschema.FormatChecker(formats=())
     latest = jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers
     checker.checkers = {**latest, **cls.FORMAT_CHECKER.checkers}

@@ -15,8 +15,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import jsonschema
-
 from sgl_lite.server.openai.tool_formats import ToolFormat
 from sgl_lite.server.openai.tools import ToolPlan
 
@@ -167,6 +165,8 @@ def _call_from(plan: ToolPlan, obj: Any) -> Call | None:
             args = json.loads(args)
         except json.JSONDecodeError:
             return None
+    import jsonschema  # NOTE: at first use (~1 s), as in the constraint layer
+
     schema = plan.schemas[obj["name"]]
     if not isinstance(args, dict) or not jsonschema.validators.validator_for(schema)(
         schema

@@ -30,7 +30,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-import jsonschema
 from pydantic import BaseModel
 
 from sgl_lite.common.tokenizer import ChatTokenizer, Tokenizer
@@ -152,6 +151,8 @@ def _checked_parameters(parameters: dict[str, Any] | None, i: int) -> dict[str, 
     if parameters is None:  # OpenAI: no parameters is a function of no arguments
         return {"type": "object", "properties": {}, "additionalProperties": False}
     invalid = f"Tool {i} function has invalid 'parameters' schema"  # SGLang's wording
+    import jsonschema  # NOTE: at first use (~1 s), as in the constraint layer
+
     try:
         jsonschema.validators.validator_for(parameters).check_schema(parameters)
     except jsonschema.exceptions.SchemaError as exc:

@@ -47,8 +47,6 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
-import jsonschema
-
 from sgl_lite.backend.constrained.schema.formats import KNOWN_FORMATS
 from sgl_lite.backend.constrained.schema.keywords import schema_keywords
 from sgl_lite.backend.constrained.schema.numbers import integer_gaps
@@ -129,6 +127,8 @@ def normalize(schema: Any, notes: list[str] | None = None) -> Any:
 
 def is_unknown_format(name: Any) -> bool:
     """Whether `format: name` is an annotation: a name no draft defines and no validator checks."""
+    import jsonschema
+
     return (
         isinstance(name, str)
         and name not in KNOWN_FORMATS

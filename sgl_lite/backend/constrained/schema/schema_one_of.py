@@ -28,8 +28,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import jsonschema
-
 from sgl_lite.backend.constrained.regex_check import GrammarError
 from sgl_lite.backend.constrained.schema.schema_merge import (
     ALL_TYPES,
@@ -354,6 +352,8 @@ class OneOfRewriter:
         if len(literals) > MAX_LITERALS_CHECKED:
             return False
         if self._validator is None:
+            import jsonschema
+
             self._validator = jsonschema.validators.validator_for(self.root)(self.root)
         try:
             check = self._validator.evolve(schema=schema)

@@ -15,8 +15,6 @@ import math
 from fractions import Fraction
 from typing import Any
 
-import jsonschema
-
 from sgl_lite.backend.constrained.regex_check import (
     GrammarError,
     UnsupportedSchema,
@@ -203,6 +201,8 @@ class SchemaRegex:
         # NOTE: every keyword is honoured by keeping only the values the whole node accepts
         # (jsonschema tells `true` from 1, where Python's `==` does not); evolve() keeps the
         # root as the base of any $ref in the node.
+        import jsonschema
+
         root = self.root if isinstance(self.root, dict) else {}
         validator = jsonschema.validators.validator_for(root)(root).evolve(schema=schema)
         kept = [
