@@ -35,3 +35,27 @@ def test_a_truncated_file_names_the_tensor_whose_data_is_cut(tmp_path, private_c
     with pytest.raises(ModelLoadError, match=r"cut\.gguf.*'output_norm\.weight'.*truncated"):
         resolve_model_path(cut)
     assert not (private_cache / "models").exists()  # refused before any conversion work
+
+
+def test_array_metadata_is_skipped_but_its_length_kept(tmp_path):
+    import gguf
+
+    path = tmp_path / "vocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(["a", "bb", "ccc"])
+    writer.add_token_types([1, 1, 1])
+    writer.add_array("nested", [[1, 2], [3, 4, 5]])
+    writer.add_uint32("after", 7)  # read at the right place after the arrays
+    writer.add_tensor("output_norm.weight", np.ones(32, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    header = read_header(path)
+    assert "tokenizer.ggml.tokens" not in header.metadata
+    assert header.array_lengths == {
+        "tokenizer.ggml.tokens": 3,
+        "tokenizer.ggml.token_type": 3,
+        "nested": 2,
+    }
+    assert header.metadata["after"] == 7

@@ -24,7 +24,12 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from sgl_lite.backend.runner.models import SUPPORTED_MODEL_TYPES, family_of
 from sgl_lite.backend.runner.models.checkpoint import ModelLoadError
-from sgl_lite.backend.runner.weights.gguf_config import OWN_CONFIG, complete_config, own_config
+from sgl_lite.backend.runner.weights.gguf_config import (
+    OWN_CONFIG,
+    complete_config,
+    own_config,
+    transformers_config,
+)
 from sgl_lite.backend.runner.weights.gguf_header import GGUFFormatError, GGUFHeader, read_header
 from sgl_lite.backend.runner.weights.gguf_tensors import read_dense
 
@@ -202,13 +207,14 @@ def sweep_orphan_folders(models: Path) -> list[Path]:
 def _convert_into(gguf_path: Path, header: GGUFHeader, folder: Path) -> None:
     """Writes the config and the tokenizer (with the file's chat template); no weights."""
     parent, name = str(gguf_path.parent), gguf_path.name
-    # The config first: a refused feature costs no tokenizer conversion. The tokenizer's class
-    # comes from it, not from AutoTokenizer, which would parse the whole file again for the
-    # config (gguf's reader: ~5 s for a 151k vocabulary).
+    # The config first: a refused feature costs no tokenizer conversion. It comes from the parsed
+    # header, never gguf's reader, which decodes the whole vocabulary (~5 s for 151k tokens),
+    # and the tokenizer's class from it, not from AutoTokenizer, which would read the config
+    # from the file again.
     if header.architecture in OWN_CONFIG:
         config = own_config(header)
     else:
-        config = AutoConfig.from_pretrained(parent, gguf_file=name)
+        config = transformers_config(header) or AutoConfig.from_pretrained(parent, gguf_file=name)
         complete_config(config, header, gguf_path)
     tokenizer = _tokenizer_class(config.model_type).from_pretrained(parent, gguf_file=name)
     template = header.metadata.get("tokenizer.chat_template")

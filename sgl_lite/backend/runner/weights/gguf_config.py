@@ -3,8 +3,10 @@
 Two cases. For Gemma 1, Granite and OLMo 2 transformers' GGUF support reads no config at all,
 so `own_config` builds it here from the keys llama.cpp's `convert_hf_to_gguf.py` writes for
 the family and the defaults llama.cpp's runtime assumes where a key is absent. For the families
-transformers does read (Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3), `complete_config` sets what
-its mapping leaves at the config class's defaults. A file that needs a feature our decoder of
+transformers does read (Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3), `transformers_config`
+applies transformers' own key mapping to the parsed header (its loader would first decode the
+whole vocabulary with gguf's reader), and `complete_config` sets what that mapping leaves at
+the config class's defaults. A file that needs a feature our decoder of
 that family lacks is refused here, naming the key and what to do, before any tensor is read.
 This module reads metadata only (the parsed header, `gguf_header`, and Phi-3's RoPE factor
 tensors); it knows nothing about the loader's cache or the model's modules.
@@ -25,6 +27,8 @@ OWN_CONFIG = {"gemma": "gemma", "granite": "granite", "olmo2": "olmo2"}
 # Gemma 2/3 files of the 27B shape (by layer count, as llama.cpp tells them apart) scale
 # attention by hidden / heads; every other size by the head size.
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+# The families whose config transformers' GGUF loader reads (Mistral files say "llama")
+TRANSFORMERS_READ = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 # tokenizer.ggml.* ids that transformers' own GGUF config mapping copies into the config
 _TOKEN_IDS = {
     "bos_token_id": "bos_token_id",
@@ -95,6 +99,49 @@ def own_config(header: GGUFHeader) -> PretrainedConfig:
             "OLMo 3 as olmo2), whose sliding-window layers we do not serve"
         )
     return AutoConfig.for_model(OWN_CONFIG[arch], **fields)
+
+
+def transformers_config(header: GGUFHeader) -> PretrainedConfig | None:
+    """The config transformers' GGUF loader (`load_gguf_checkpoint`) builds for a file of a
+    `TRANSFORMERS_READ` family, built from the parsed header with transformers' own mapping
+    tables and steps: its per-family defaults, tied embeddings when there is no
+    `output.weight`, every `{arch}.*` and `general.*` key it maps, Mistral told apart by its
+    `general.name`, Gemma 3 as its text model, the vocabulary's length when the file gives no
+    vocab_size. The loader itself decodes the vocabulary and merges token by token with gguf's
+    reader before it reads one key: 3-5 s of a first load for a 49k-token vocabulary, and
+    more for a 150k one. None for any other family, or where this transformers keeps its
+    tables elsewhere (then its loader is used)."""
+    try:
+        from transformers.integrations.ggml import (
+            GGUF_CONFIG_DEFAULTS_MAPPING,
+            GGUF_CONFIG_MAPPING,
+        )
+    except ImportError:
+        return None
+    arch, meta = header.architecture, header.metadata
+    if arch not in TRANSFORMERS_READ or arch not in GGUF_CONFIG_MAPPING:
+        return None
+    # NOTE: transformers compares the name as a one-item list: only the exact name matches
+    named = "mistral" if arch == "llama" and meta.get("general.name") == "mistral" else arch
+    defaults = GGUF_CONFIG_DEFAULTS_MAPPING.get(named) or GGUF_CONFIG_DEFAULTS_MAPPING.get(arch)
+    fields: dict[str, Any] = {"tie_word_embeddings": header.tensor("output.weight") is None}
+    for key, value in (defaults or {}).items():
+        fields.setdefault(key, value)
+    renames: dict[str, Any] = GGUF_CONFIG_MAPPING  # {prefix: {key: config field}}
+    for key, value in meta.items():
+        prefix, _, rest = key.replace(arch, named).partition(".")
+        renamed = renames.get(prefix, {}).get(rest)
+        if renamed is None or renamed == -1:
+            continue
+        fields[renamed] = value.replace(arch, named) if isinstance(value, str) else value
+    if fields.get("model_type") == "gemma3":
+        fields["model_type"] = "gemma3_text"  # the file holds the text backbone alone
+    tokens = header.array_lengths.get("tokenizer.ggml.tokens")
+    if "vocab_size" not in fields and tokens is not None:
+        fields["vocab_size"] = tokens
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[fields["model_type"]].from_dict(fields)  # as AutoConfig does
 
 
 def _granite_multipliers(meta: dict[str, Any], head_dim: int) -> dict[str, float]:

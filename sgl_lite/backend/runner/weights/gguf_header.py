@@ -10,7 +10,7 @@ import hashlib
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +42,14 @@ class TensorInfo:
 @dataclass(frozen=True)
 class GGUFHeader:
     """The parsed header of a GGUF file: scalar and string metadata, tensor entries, and where
-    the tensor data starts. Array metadata (the vocabulary) is skipped, not decoded."""
+    the tensor data starts. Array metadata (the vocabulary) is skipped, not decoded: only its
+    length is kept, in `array_lengths`."""
 
     metadata: dict[str, Any]
     tensors: tuple[TensorInfo, ...]
     data_start: int
     header_digest: str  # sha256 of the header bytes: changes whenever metadata or layout does
+    array_lengths: dict[str, int] = field(default_factory=dict)  # array metadata: its length
 
     @property
     def architecture(self) -> str:
@@ -64,6 +66,7 @@ class _Cursor:
 
     def __init__(self, data: mmap.mmap | bytes) -> None:
         self.data, self.pos = data, 0
+        self.array_length = 0  # the length of the last (outermost) array `value` skipped
 
     def unpack(self, fmt: str) -> Any:
         size = struct.calcsize(fmt)
@@ -106,6 +109,7 @@ class _Cursor:
         else:  # arrays of arrays: each item read (and skipped) in turn
             for _ in range(count):
                 self.value(item)
+        self.array_length = count
         return None
 
 
@@ -134,11 +138,14 @@ def _parse(data: mmap.mmap | bytes, check_data: bool) -> GGUFHeader:
     if version < 2:
         raise GGUFFormatError(f"GGUF version {version} is not supported")
     metadata: dict[str, Any] = {}
+    array_lengths: dict[str, int] = {}
     for _ in range(n_kv):
         key = cur.string()
         value = cur.value(cur.unpack("<I"))
         if value is not None:
             metadata[key] = value
+        else:
+            array_lengths[key] = cur.array_length
     alignment = int(metadata.get("general.alignment") or 32)
     infos = []
     for _ in range(n_tensors):
@@ -157,7 +164,7 @@ def _parse(data: mmap.mmap | bytes, check_data: bool) -> GGUFHeader:
                     f"tensor {info.name!r} ends at byte {end} but the file has {len(data)} "
                     "bytes (truncated?)"
                 )
-    return GGUFHeader(metadata, tuple(infos), base, digest)
+    return GGUFHeader(metadata, tuple(infos), base, digest, array_lengths)
 
 
 def read_header(path: Path, check_data: bool = True) -> GGUFHeader:
