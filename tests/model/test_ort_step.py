@@ -11,13 +11,19 @@ from sgl_lite.backend.runner import ort_graph
 from sgl_lite.backend.runner.decode_kv import DecodeKV
 from sgl_lite.backend.runner.model_loader import resolve_model_path
 from sgl_lite.backend.runner.model_runner import ModelRunner
-from sgl_lite.backend.runner.models import build_model
+from sgl_lite.backend.runner.models import build_model, shared_prefix
 from sgl_lite.backend.runner.ort_step import OrtDecodeStep, unsupported
 from sgl_lite.backend.runner.weights import ort_nbits
 from sgl_lite.backend.runner.weights.packing import exact_codes
 from sgl_lite.backend.types import Segment
 from tests.support.gguf_files import GRANITE_MULTIPLIERS, tiny_model, write_gguf
-from tests.support.tiny import DECODE_VOCAB, TINY_LLAMA, prefill_random, tiny_runner
+from tests.support.tiny import (
+    DECODE_VOCAB,
+    TINY_LLAMA,
+    prefill_branches,
+    prefill_random,
+    tiny_runner,
+)
 
 
 def _runner_on_codes(model_type: str = "llama", stressed: bool = False, **overrides):
@@ -342,6 +348,37 @@ def test_one_set_of_decode_copies_is_held_at_a_time():
         held.append((runner.step_kv.nbytes > 0, runner.decode_kv.nbytes > 0))
     runner.decode_step = None
     assert held == [(True, False), (False, True), (True, False)]
+
+
+def test_decode_rows_sharing_a_prefix_run_on_the_torch_steps_cascade_not_the_graph(monkeypatch):
+    """The graph reads each row's whole context; rows that share a cached prefix worth reading
+    once go to the torch step, which reads it once; rows that share none stay on the graph."""
+    runner, step = _runner_on_codes()
+    runner.decode_kv = DecodeKV(runner.pool)
+    runner.step_kv = DecodeKV(runner.pool, torch.float32)
+    runner.decode_step = step
+    runner.shared_prefixes = True
+    on_graph, cascaded = [], []
+    run, attend = step.run, shared_prefix.attend_shared
+    monkeypatch.setattr(step, "run", lambda *args: on_graph.append(1) or run(*args))
+    monkeypatch.setattr(
+        "sgl_lite.backend.runner.models.llama.attend_shared",
+        lambda *args, **kwargs: cascaded.append(1) or attend(*args, **kwargs),
+    )
+    branches = prefill_branches(runner, 48, own=[2, 5, 3], extra=2)
+    apart = [(len(ids) - 1, torch.cat([slots, runner.pool.alloc(2)]))
+             for ids, slots in prefill_random(runner, [40, 30, 45])]  # fmt: skip
+    on_graph.clear()
+    for seqs in (branches, apart):
+        segments = [
+            Segment(token_ids=[i + 1], start=n, kv_slots=slots[: n + 1], logits_from=0)
+            for i, (n, slots) in enumerate(seqs)
+        ]
+        logits = runner.forward(segments).logits
+        assert logits is not None and bool(torch.isfinite(logits).all())
+    runner.decode_step = None
+    assert len(cascaded) == 2  # the shared rows' step, both layers, on the torch step
+    assert on_graph == [1]  # the rows that share nothing
 
 
 @pytest.mark.usefixtures("private_cache")

@@ -18,7 +18,7 @@ from sgl_lite.backend.runner.models.shared_prefix import (
 )
 from sgl_lite.backend.runner.weights.formats import resolve_format
 from sgl_lite.backend.types import Segment
-from tests.support.tiny import DECODE_VOCAB, prefill_random, tiny_runner
+from tests.support.tiny import DECODE_VOCAB, prefill_branches, tiny_runner
 
 CPU = torch.device("cpu")
 
@@ -94,25 +94,6 @@ def test_attention_over_shared_prefixes_is_attention_over_each_whole_sequence(mo
         assert (got[b].double() - want).abs().max() < bound
 
 
-def _branches(runner, prefix_len: int, own: list[int], extra: int):
-    """A prompt of `prefix_len` tokens prefilled once and requests branching off it (each
-    prefilled with `own[i]` tokens of its own); returns per request (ids, slots) with room
-    for `extra` decode tokens."""
-    (prefix_ids, prefix_slots), *_ = prefill_random(runner, [prefix_len])
-    prefix_slots = prefix_slots[:prefix_len]
-    gen = torch.Generator().manual_seed(3)
-    seqs = []
-    for n in own:
-        ids = torch.randint(0, DECODE_VOCAB, (n,), generator=gen).tolist()
-        slots = torch.cat([prefix_slots, runner.pool.alloc(n + extra)])
-        seg = Segment(
-            token_ids=ids, start=prefix_len, kv_slots=slots[: prefix_len + n], logits_from=n
-        )
-        runner.forward([seg])
-        seqs.append((prefix_len + n, slots))
-    return seqs
-
-
 def _decode_steps(runner, seqs, steps: int) -> list[torch.Tensor]:
     out = []
     for step in range(steps):
@@ -131,7 +112,7 @@ def _decode_steps(runner, seqs, steps: int) -> list[torch.Tensor]:
 
 def test_decode_steps_over_shared_prefixes_give_the_padded_passes_logits(monkeypatch):
     runner = tiny_runner()
-    seqs = _branches(runner, 48, own=[2, 9, 4, 1], extra=6)
+    seqs = prefill_branches(runner, 48, own=[2, 9, 4, 1], extra=6)
     snapshot = (runner.pool.k.clone(), runner.pool.v.clone())
     runner.shared_prefixes = False
     padded = _decode_steps(runner, seqs, 6)

@@ -114,3 +114,26 @@ def prefill_random(runner: Any, lengths: list[int]) -> list[tuple[list[int], Any
         runner.forward([Segment(token_ids=ids[:n], start=0, kv_slots=slots[:n], logits_from=n)])
         seqs.append((ids, slots))
     return seqs
+
+
+def prefill_branches(runner: Any, prefix_len: int, own: list[int], extra: int) -> list[Any]:
+    """A prompt of `prefix_len` tokens prefilled once and requests branching off it (each
+    prefilled with `own[i]` tokens of its own); returns per request (tokens held, slots) with
+    room for `extra` decode tokens."""
+    import torch
+
+    from sgl_lite.backend.types import Segment
+
+    (_, prefix_slots), *_ = prefill_random(runner, [prefix_len])
+    prefix_slots = prefix_slots[:prefix_len]
+    gen = torch.Generator().manual_seed(3)
+    seqs = []
+    for n in own:
+        ids = torch.randint(0, DECODE_VOCAB, (n,), generator=gen).tolist()
+        slots = torch.cat([prefix_slots, runner.pool.alloc(n + extra)])
+        seg = Segment(
+            token_ids=ids, start=prefix_len, kv_slots=slots[: prefix_len + n], logits_from=n
+        )
+        runner.forward([seg])
+        seqs.append((prefix_len + n, slots))
+    return seqs
