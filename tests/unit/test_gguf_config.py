@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_lite.backend.runner.weights.gguf_config import GGUFConfigError, own_config
+from sgl_lite.backend.runner.weights.gguf_config import (
+    GGUFConfigError,
+    own_config,
+    transformers_config,
+)
 from sgl_lite.backend.runner.weights.gguf_header import GGUFHeader, TensorInfo
 
 HIDDEN, HEADS, VOCAB = 64, 4, 300
@@ -84,3 +88,16 @@ def test_linear_rope_scaling_is_read():
 def test_what_our_decoder_does_not_run_is_refused_naming_the_key(arch, extra, tensors, names):
     with pytest.raises(GGUFConfigError, match=names):
         own_config(_header(arch, extra, tensors))
+
+
+def test_transformers_mapping_is_applied_to_the_header_unless_a_mapped_key_is_an_array():
+    header = _header("qwen3", {"qwen3.rope.freq_base": 1e6, "qwen3.vocab_size": VOCAB})
+    config = transformers_config(header)
+    assert config is not None and config.model_type == "qwen3"
+    assert (config.hidden_size, config.num_key_value_heads, config.vocab_size) == (HIDDEN, 2, VOCAB)
+    assert config.tie_word_embeddings  # the header has no output.weight
+    per_layer = GGUFHeader(
+        header.metadata, header.tensors, 0, "", {"qwen3.attention.head_count_kv": 2}
+    )
+    assert transformers_config(per_layer) is None  # transformers' own loader reads the list
+    assert transformers_config(_header("granite")) is None  # not a family transformers reads

@@ -109,8 +109,9 @@ def transformers_config(header: GGUFHeader) -> PretrainedConfig | None:
     `general.name`, Gemma 3 as its text model, the vocabulary's length when the file gives no
     vocab_size. The loader itself decodes the vocabulary and merges token by token with gguf's
     reader before it reads one key: 3-5 s of a first load for a 49k-token vocabulary, and
-    more for a 150k one. None for any other family, or where this transformers keeps its
-    tables elsewhere (then its loader is used)."""
+    more for a 150k one. None for any other family, where a key it maps is an array (which
+    the header does not decode), or where this transformers keeps its tables elsewhere: then
+    its loader is used."""
     try:
         from transformers.integrations.ggml import (
             GGUF_CONFIG_DEFAULTS_MAPPING,
@@ -121,6 +122,10 @@ def transformers_config(header: GGUFHeader) -> PretrainedConfig | None:
     arch, meta = header.architecture, header.metadata
     if arch not in TRANSFORMERS_READ or arch not in GGUF_CONFIG_MAPPING:
         return None
+    if any(
+        key.removeprefix(f"{arch}.") in GGUF_CONFIG_MAPPING[arch] for key in header.array_lengths
+    ):
+        return None  # a key it maps holds a list (per-layer heads): its loader keeps the values
     # NOTE: transformers compares the name as a one-item list: only the exact name matches
     named = "mistral" if arch == "llama" and meta.get("general.name") == "mistral" else arch
     defaults = GGUF_CONFIG_DEFAULTS_MAPPING.get(named) or GGUF_CONFIG_DEFAULTS_MAPPING.get(arch)
