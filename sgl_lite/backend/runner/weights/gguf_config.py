@@ -120,11 +120,10 @@ def transformers_config(header: GGUFHeader) -> PretrainedConfig | None:
     except ImportError:
         return None
     arch, meta = header.architecture, header.metadata
-    if arch not in TRANSFORMERS_READ or arch not in GGUF_CONFIG_MAPPING:
+    renames: dict[str, Any] = GGUF_CONFIG_MAPPING  # {prefix: {key: config field}}
+    if arch not in TRANSFORMERS_READ or arch not in renames:
         return None
-    if any(
-        key.removeprefix(f"{arch}.") in GGUF_CONFIG_MAPPING[arch] for key in header.array_lengths
-    ):
+    if any(key.removeprefix(f"{arch}.") in renames[arch] for key in header.array_lengths):
         return None  # a key it maps holds a list (per-layer heads): its loader keeps the values
     # NOTE: transformers compares the name as a one-item list: only the exact name matches
     named = "mistral" if arch == "llama" and meta.get("general.name") == "mistral" else arch
@@ -132,7 +131,6 @@ def transformers_config(header: GGUFHeader) -> PretrainedConfig | None:
     fields: dict[str, Any] = {"tie_word_embeddings": header.tensor("output.weight") is None}
     for key, value in (defaults or {}).items():
         fields.setdefault(key, value)
-    renames: dict[str, Any] = GGUF_CONFIG_MAPPING  # {prefix: {key: config field}}
     for key, value in meta.items():
         prefix, _, rest = key.replace(arch, named).partition(".")
         renamed = renames.get(prefix, {}).get(rest)
