@@ -298,20 +298,21 @@ class ModelRunner:
         prefixes its rows share: the graph's attention reads every row's whole context, the
         torch step reads a shared prefix once (`_shared_prefixes`). Measured on W1 (8
         conversations on one ~300-token system prompt, 8-row steps; 3 interleaved pairs): wall
-        5.97 / 5.81 / 6.10 s on the graph, 5.51 / 5.50 / 5.81 s on the torch step."""
-        return (
-            len(segments) > 1  # the graph takes several rows only as single-token decodes
-            and getattr(self, "shared_prefixes", False)
-            and find_shared_prefixes(segments) is not None
-        )
+        5.97 / 5.81 / 6.10 s on the graph, 5.51 / 5.50 / 5.81 s on the torch step. The graph
+        takes several rows only as single-token decodes, so `segments` are decodes here."""
+        return self._found_shared(segments) is not None
 
     def _shared_prefixes(self, decodes: list[Segment]) -> SharedPrefixes | None:
-        """The prefixes the decode rows share, placed for attention, where this runner reads
-        them once (`shared_prefixes`) and they are worth it (`find_shared_prefixes`)."""
+        """The prefixes the decode rows share, placed for attention (`_found_shared`)."""
+        shared = self._found_shared(decodes)
+        return None if shared is None else placed(shared, self.device, self.pool.k.dtype)
+
+    def _found_shared(self, decodes: list[Segment]) -> SharedPrefixes | None:
+        """The prefixes the decode rows share where this runner reads them once
+        (`shared_prefixes`) and they are worth it (`find_shared_prefixes`), else None."""
         if len(decodes) < 2 or not getattr(self, "shared_prefixes", False):
             return None
-        shared = find_shared_prefixes(decodes)
-        return None if shared is None else placed(shared, self.device, self.pool.k.dtype)
+        return find_shared_prefixes(decodes)
 
     def _group(
         self,
