@@ -12,9 +12,15 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.runner.model_runner import DECODE_OVER_COPIES_MIN_ROWS, ModelRunner
 from sgl_lite.backend.runner.models.llama import Attention
 from sgl_lite.backend.runner.weights import quant
+from sgl_lite.backend.runner.weights.choose import CROSSOVER_ROWS
 from sgl_lite.backend.runner.weights.cpu import rows_invariant
 from sgl_lite.backend.types import Segment
-from tests.support.runner_logits import chunked_logits, decoded_logits, perplexity
+from tests.support.runner_logits import (
+    chunked_logits,
+    decided_disagreements,
+    decoded_logits,
+    perplexity,
+)
 
 # A fixed natural text for perplexity (no repetition, so the figure means something).
 PPL_TEXT = (
@@ -90,21 +96,25 @@ def test_embedded_model_matches_float32_top1_and_perplexity_in_both_modes(
     smollm_folder, float32_reference, deterministic
 ):
     """The default (fast) mode and the deterministic one, both on the file's Q4_1 codes, agree
-    with float32 on >= 63 of 64 next tokens and within 1 % of its perplexity, on the passes
-    that run the int kernels (decode) and on those that do not (a prefill, in the fast mode)."""
+    with float32's top-1 on every next token it decides (`decided_disagreements`: 62 of the
+    fixed prompt's 64) and come within 1 % of its perplexity, on the passes
+    that run the int kernels (decode) and on those that do not (in the fast mode, a prefill
+    longer than any crossover the load can measure: on an AVX2 CPU the int kernel beats the
+    float32 GEMM up to 64 rows)."""
     ours_runner = _runner(smollm_folder, enable_deterministic_inference=deterministic)
     fmt = ours_runner.format
     assert fmt.int_kind == "int4", fmt.describe()  # the file's own Q4_1
     kept = ours_runner.model.layers[0].mlp.down_proj.has_dense
     assert kept is not deterministic  # the fast mode keeps the dense weights for long passes
-    assert fmt.runs_int(1) and fmt.runs_int(64) is deterministic
-
     prompt, ref, text, ppl_ref = float32_reference
+    assert len(text) > max(CROSSOVER_ROWS)
+    assert fmt.runs_int(1) and fmt.runs_int(len(text)) is deterministic
+
     assert len(prompt) == 64 and ref.shape[0] == 64
     for chunk in (64, 1):  # one prefill, then decode steps
         ours = chunked_logits(ours_runner, prompt, chunk)
-        agree = (ours.argmax(-1) == ref.argmax(-1)).sum().item()
-        assert agree >= 63, f"chunk {chunk}: top-1 agreement {agree}/64 ({fmt.describe()})"
+        decided, differ = decided_disagreements(ours, ref)
+        assert decided >= 62 and not differ, f"chunk {chunk}: top-1 differs at {differ}"
 
     for chunk in (len(text), 1):  # one prefill; decode steps
         ppl = perplexity(chunked_logits(ours_runner, text, chunk), text)
@@ -116,9 +126,11 @@ def test_decode_steps_of_eight_rows_keep_the_fast_modes_bounds(
 ):
     """A torch decode step of DECODE_OVER_COPIES_MIN_ROWS rows attends over the decode copies'
     whole capacity with bf16 scores; every row keeps the fast mode's bounds against float32
-    (>= 63 of 64 next tokens, perplexity within 1 %)."""
+    (top-1 on every decided next token, perplexity within 1 %). In bf16 asked for, as the fast
+    mode runs on a CPU with a bf16 GEMM: an AVX2 CPU's default float32 attends with SDPA."""
     monkeypatch.setenv("SGL_LITE_DISABLE_ORT_STEP", "1")  # the torch step, whatever the batch
-    runner = ModelRunner(smollm_folder, EngineConfig(max_total_tokens=4096, device="cpu"))
+    config = EngineConfig(max_total_tokens=4096, device="cpu", dtype="bfloat16")
+    runner = ModelRunner(smollm_folder, config)
     taken = []
     monkeypatch.setattr(
         Attention,
@@ -130,8 +142,8 @@ def test_decode_steps_of_eight_rows_keep_the_fast_modes_bounds(
     prompt, ref, text, ppl_ref = float32_reference
     rows = DECODE_OVER_COPIES_MIN_ROWS
     for row in decoded_logits(runner, prompt, rows):
-        agree = (row.argmax(-1) == ref.argmax(-1)).sum().item()
-        assert agree >= 63, f"top-1 agreement {agree}/64"
+        decided, differ = decided_disagreements(row, ref)
+        assert decided >= 62 and not differ, f"top-1 differs at {differ}"
     assert taken  # the steps attended over the copies
     for row in decoded_logits(runner, text, rows):
         ppl = perplexity(row, text)

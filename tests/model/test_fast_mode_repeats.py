@@ -16,6 +16,7 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.runner.model_loader import resolve_model_path
 from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.passes import merge_outputs, split_final_rows
+from sgl_lite.backend.runner.weights import choose
 from sgl_lite.backend.types import ForwardOutput, Segment
 from tests.support import NUM_THREADS
 from tests.support.gguf_files import write_gguf
@@ -85,7 +86,17 @@ def q4_folder(tmp_path_factory):
         return resolve_model_path(gguf_file)
 
 
-def test_a_prompts_last_logits_and_kv_are_the_same_from_a_cached_prefix(q4_folder):
+def test_a_prompts_last_logits_and_kv_are_the_same_from_a_cached_prefix(q4_folder, monkeypatch):
+    # The int kernels kept for passes of up to 16 rows whatever the load's timing: on a model
+    # this small the kernels and the dense GEMM time alike (0.1 ms a probe pass), so the
+    # measured choice flips between runs and machines.
+    monkeypatch.setattr(
+        choose,
+        "_choose",
+        lambda model, fmt, probes, config: choose.KernelChoice(
+            next(iter(probes)), None, 16, "int kernels forced by the test", fmt.dense_dtype
+        ),
+    )
     runner = ModelRunner(
         q4_folder, EngineConfig(max_total_tokens=256, device="cpu", num_threads=NUM_THREADS)
     )

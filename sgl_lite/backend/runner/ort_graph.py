@@ -36,13 +36,6 @@ from sgl_lite.backend.runner.models.llama import (
 from sgl_lite.backend.runner.weights import onnx_proto, ort_nbits
 from sgl_lite.backend.runner.weights.quant import GroupAffine
 
-# MatMulNBits' accuracy_level per 4-bit linear; the rest quantize activations to int8 (level
-# 4), and so do all 8-bit linears (see `Graph.linear`). 4-bit q/k/v take float32
-# activations: int8 rounding of the projection's input reaches the attention scores through
-# q.k over every key, and with it everywhere the embedded model's greedy decode parted from
-# float32's on 2 of 64 tokens of the fixed test prompt (64/64 with float32 here; perplexity
-# within 0.6 %). The projection is ~15 % of a layer's weights.
-ACCURACY: dict[str, int] = {"qkv": 0}
 # Gemma's activations by transformers' names: onnxruntime's tanh-approximated GELU, or ONNX's.
 GELU_OPS = {
     "gelu_pytorch_tanh": ("FastGelu", "com.microsoft"),
@@ -118,10 +111,7 @@ class Graph:
     def linear(self, w: GroupAffine, x: str, hint: str, bias: torch.Tensor | None = None) -> str:
         """x (T, K) @ w^T (+ bias) on MatMulNBits → (T, N)."""
         y = self.name(hint)
-        # 8-bit codes always take int8 activations: MLAS has no float32 kernel for them (its
-        # fallback took 48 ms for an 8192 x 2048 matrix at batch 1 against 0.3 ms, measured).
-        int8 = ort_nbits.ACCURACY_INT8
-        accuracy = ACCURACY.get(hint, int8) if w.bits == 4 else int8
+        accuracy = ort_nbits.accuracy_level(w.bits, hint)
         nodes, consts = ort_nbits.linear_nodes(w, x, y, f"{y}.", accuracy)
         self.nodes += nodes
         self.consts.update(consts)
