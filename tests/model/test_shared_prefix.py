@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sgl_lite.backend.runner.model_runner import reads_shared_prefixes
+from sgl_lite.backend.runner.decode_attention import reads_shared_prefixes
 from sgl_lite.backend.runner.models import shared_prefix
 from sgl_lite.backend.runner.models.shared_prefix import (
     attend_shared,

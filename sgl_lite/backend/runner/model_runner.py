@@ -19,6 +19,11 @@ from transformers import PretrainedConfig
 
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.kvcache.kv_pool import KVPool
+from sgl_lite.backend.runner.decode_attention import (
+    decodes_over_copies,
+    found_shared,
+    reads_shared_prefixes,
+)
 from sgl_lite.backend.runner.decode_graphs import DecodeGraphs
 from sgl_lite.backend.runner.decode_kv import DecodeKV, KVView
 from sgl_lite.backend.runner.model_loader import (
@@ -35,11 +40,7 @@ from sgl_lite.backend.runner.models.llama import (
     RotaryEmbedding,
     head_dim_of,
 )
-from sgl_lite.backend.runner.models.shared_prefix import (
-    SharedPrefixes,
-    find_shared_prefixes,
-    placed,
-)
+from sgl_lite.backend.runner.models.shared_prefix import SharedPrefixes, placed
 from sgl_lite.backend.runner.ort_step import OrtDecodeStep
 from sgl_lite.backend.runner.passes import graph_passes, merge_outputs, split_final_rows
 from sgl_lite.backend.runner.weights import ort_nbits
@@ -51,21 +52,12 @@ from sgl_lite.backend.runner.weights.choose import (
     read_file_codes,
 )
 from sgl_lite.backend.runner.weights.embedding import FileEmbedding
-from sgl_lite.backend.runner.weights.formats import WeightFormat
 from sgl_lite.backend.runner.weights.packing import dense_from_codes_names, fill_dense_from_codes
 from sgl_lite.backend.types import ForwardOutput, Segment
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
 logger = logging.getLogger("sgl_lite")
-
-# The fewest decode rows that attend with two batched matmuls over the decode copies' whole
-# capacity rather than SDPA's flash kernel over their used part (`_decodes_over_copies`).
-# One torch decode step (SmolLM2, AVX512-BF16 EPYC, 2 threads; `bench.profile_step.decode_ms`
-# with `Attention.decode_over_copies` off then on, interleaved): 1 row x 500 keys 14.7 -> 17.1
-# ms and 4 x 600 24.9 -> 26.3 (slower); 8 x 1,000 53.4 -> 42.5, 16 x 500 60.3 -> 49.2,
-# 32 x 300 80.4 -> 60.7, 64 x 200 129.8 -> 108.7 (faster).
-DECODE_OVER_COPIES_MIN_ROWS = 8
 
 
 class ModelRunner:
@@ -300,19 +292,12 @@ class ModelRunner:
         conversations on one ~300-token system prompt, 8-row steps; 3 interleaved pairs): wall
         5.97 / 5.81 / 6.10 s on the graph, 5.51 / 5.50 / 5.81 s on the torch step. The graph
         takes several rows only as single-token decodes, so `segments` are decodes here."""
-        return self._found_shared(segments) is not None
+        return found_shared(segments, getattr(self, "shared_prefixes", False)) is not None
 
     def _shared_prefixes(self, decodes: list[Segment]) -> SharedPrefixes | None:
-        """The prefixes the decode rows share, placed for attention (`_found_shared`)."""
-        shared = self._found_shared(decodes)
+        """The prefixes the decode rows share, placed for attention (`found_shared`)."""
+        shared = found_shared(decodes, getattr(self, "shared_prefixes", False))
         return None if shared is None else placed(shared, self.device, self.pool.k.dtype)
-
-    def _found_shared(self, decodes: list[Segment]) -> SharedPrefixes | None:
-        """The prefixes the decode rows share where this runner reads them once
-        (`shared_prefixes`) and they are worth it (`find_shared_prefixes`), else None."""
-        if len(decodes) < 2 or not getattr(self, "shared_prefixes", False):
-            return None
-        return find_shared_prefixes(decodes)
 
     def _group(
         self,
@@ -363,7 +348,8 @@ class ModelRunner:
         q_flat = [b * max_q + j for b, n in enumerate(lens) for j in range(n)]
         rows = [offsets[b] + j for b, n in enumerate(lens) for j in range(n)]
         capacity_bias = None
-        if kv_view is not None and near is None and self._decodes_over_copies(batch, kv_view):
+        over_copies = kv_view is not None and decodes_over_copies(self.device, batch, kv_view)
+        if kv_view is not None and near is None and over_copies:
             ends = torch.tensor([s.end for s in segments])
             past = torch.arange(kv_view.capacity)[None, :] >= ends[:, None]  # (B, capacity)
             capacity_bias = torch.zeros(batch, 1, 1, kv_view.capacity).masked_fill_(
@@ -380,32 +366,8 @@ class ModelRunner:
             rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
             kv_view=kv_view,
             shared=shared,
-            capacity_bias=capacity_bias,  # only on the CPU (`_decodes_over_copies`)
+            capacity_bias=capacity_bias,  # only on the CPU (`decodes_over_copies`)
         )
-
-    def _decodes_over_copies(self, batch: int, kv_view: KVView) -> bool:
-        """Whether a decode step of `batch` rows attends over its copies' whole capacity
-        (Attention._decode_over_copies): on the CPU, in bf16 or fp16 (the fast mode; the
-        deterministic mode's float64 keeps SDPA), from `DECODE_OVER_COPIES_MIN_ROWS` rows."""
-        return (
-            batch >= DECODE_OVER_COPIES_MIN_ROWS
-            and self.device.type == "cpu"
-            and kv_view.k_all.dtype in (torch.bfloat16, torch.float16)
-        )
-
-
-def reads_shared_prefixes(device: torch.device, fmt: WeightFormat, model: nn.Module) -> bool:
-    """Whether decode steps read the prefixes their rows share once (models/shared_prefix.py):
-    in the fast mode, on the CPU's flash kernel, for attention that is plain softmax over every
-    key (no soft-capping `_core`, no sliding windows). Never in the deterministic mode: the
-    result's rounding would depend on which rows share the batch."""
-    attentions = [m for m in model.modules() if isinstance(m, Attention)]
-    return (
-        device.type == "cpu"
-        and not fmt.deterministic
-        and getattr(model, "sliding_window", None) is None
-        and all(type(m)._core is Attention._core for m in attentions)
-    )
 
 
 def context_length_of(hf_config: PretrainedConfig, requested: int | None) -> int:

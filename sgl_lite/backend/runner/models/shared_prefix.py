@@ -13,7 +13,7 @@ log-sum-exp (float32):
 
 with m = max(lse_p, lse_s). This is softmax attention over the whole sequence, computed in
 another order: the fast mode's per-token agreement bounds hold; the deterministic mode, whose
-results must not depend on the batch, never uses it (`ModelRunner._shared_prefixes`).
+results must not depend on the batch, never uses it (`decode_attention.reads_shared_prefixes`).
 """
 
 from __future__ import annotations
