@@ -481,3 +481,28 @@ def test_without_dense_linears_a_greedy_request_sent_again_repeats(
         ]
         batched = [o["output_ids"] for o in engine.generate(input_ids=ids, sampling_params=GREEDY)]
     assert first == again == batched
+
+
+@pytest.mark.parametrize(("dtype", "rows"), [("float32", 16), ("bfloat16", 8)])
+def test_the_graph_takes_more_decode_rows_beside_float32_dense_weights(
+    tmp_path, tiny_tokenizer, monkeypatch, dtype, rows
+):
+    """Beside float32 dense weights (a CPU without a bf16 GEMM) the onnxruntime graph takes
+    decode batches of up to 16 rows, where the torch step's float32 linears lose to it; beside
+    bf16 ones (oneDNN's GEMM) up to 8, and a larger batch runs the torch step."""
+    from sgl_lite.backend.runner.weights import choose
+
+    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "1")  # the path that keeps dense linears
+    model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
+    gguf_file = tmp_path / "tiny-q4.gguf"
+    write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
+    config = EngineConfig(max_total_tokens=256, device="cpu", num_threads=NUM_THREADS, dtype=dtype)
+    runner = ModelRunner(resolve_model_path(gguf_file), config)
+    step = runner.decode_step
+    assert step is not None and not step.every_pass, runner.format.describe()
+    assert runner.format.dense_dtype == getattr(torch, dtype)
+    decodes = [
+        Segment(token_ids=[5], start=3, kv_slots=torch.arange(4 * i, 4 * i + 4), logits_from=0)
+        for i in range(rows + 1)
+    ]
+    assert step.takes(decodes[:rows]) and not step.takes(decodes)

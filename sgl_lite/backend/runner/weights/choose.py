@@ -57,11 +57,13 @@ DISABLE_ORT_STEP_ENV = "SGL_LITE_DISABLE_ORT_STEP"
 # The most requests one onnxruntime decode step takes: its row groups where every pass runs on
 # it (no dense weights to run instead).
 ORT_STEP_MAX_ROWS = 16
-# Beside dense weights (in oneDNN's layout), the decode batches the graph takes; larger ones run
-# the torch step. One step alone (SmolLM2, ctx 128, AVX512-BF16 EPYC, 2 threads, quiet,
-# `python -m bench.profile_step`; graph vs torch): 8 rows 21.7 vs 30.6 ms, 16 rows 39.7 vs 40.8.
-# The whole W4 16-prompt run (bench/sgl_engine.py w4, same machine, three pairs interleaved)
-# decides the tie: 16 rows on torch 268 / 284 / 271 tok/s, on the graph 243 / 221 / 226.
+# Beside bf16/fp16 dense weights (in oneDNN's layout), the decode batches the graph takes;
+# larger ones run the torch step. One step alone (SmolLM2, ctx 128, AVX512-BF16 EPYC, 2 threads,
+# quiet, `python -m bench.profile_step`; graph vs torch): 8 rows 21.7 vs 30.6 ms, 16 rows 39.7
+# vs 40.8. The whole W4 16-prompt run (bench/sgl_engine.py w4, same machine, three pairs
+# interleaved) decides the tie: 16 rows on torch 268 / 284 / 271 tok/s, on the graph 243 / 221
+# / 226. Beside float32 dense weights (a CPU without a bf16 GEMM) the torch step's wider
+# passes read 4 bytes a weight and the graph takes ORT_STEP_MAX_ROWS (`graph_rows_beside`).
 ORT_STEP_BESIDE_DENSE_MAX_ROWS = 8
 # 1: keep dense float copies of a GGUF file's quantized linears beside their codes; 0: never;
 # unset: where they pay (`codes_only_linears`).
@@ -197,10 +199,21 @@ def prepare_weights(
     # The decode step runs the file's own codes whether or not torch's int kernels beat the
     # dense GEMM for the other short passes (the whole step as one graph is what wins there).
     step, step_note = _decode_step(
-        model, kind, quantized, threads, codes, max_rows=ORT_STEP_BESIDE_DENSE_MAX_ROWS
+        model, kind, quantized, threads, codes, max_rows=graph_rows_beside(fmt.dense_dtype)
     )
     # In the format's reason, so the start-up line and /get_server_info say which step runs.
     return PreparedWeights(replace(fmt, reason=fmt.reason + step_note), note, step)
+
+
+def graph_rows_beside(dense: torch.dtype) -> int:
+    """The most decode rows the onnxruntime graph takes beside dense weights of `dense` dtype.
+
+    float32 (an AVX2 EPYC, no bf16 GEMM; SmolLM2, 2 threads, quiet): one step alone
+    (`python -m bench.profile_step`, ctx 128; graph vs torch) 8 rows 35.2 vs 55.0 ms, 16 rows
+    61.1 vs 106.4 ms; the whole W4 16-prompt run (two pairs interleaved in one process) 134 /
+    144 tok/s with 16 rows on the graph, 111 / 116 on torch; W1 unchanged (10.65 vs 10.79 s).
+    """
+    return ORT_STEP_MAX_ROWS if dense is torch.float32 else ORT_STEP_BESIDE_DENSE_MAX_ROWS
 
 
 def _wants_codes(model: LlamaForCausalLM, fmt: WeightFormat) -> bool:
