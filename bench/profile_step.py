@@ -3,8 +3,9 @@
 On the in-process `Engine`'s runner (the embedded model unless --model-path), for each decode
 batch size: B requests of `--context` random tokens are prefilled, then decode steps of one new
 token each are timed (median of the steady steps). Where the fast mode has an onnxruntime decode
-step, each size is timed on both paths in one process, interleaved (the graph; the torch step
-with the dense weights), so the two figures see the same machine. Prefill passes of T tokens
+step, each size is timed on both paths in one process, interleaved (the graph in one run; the
+torch step with the dense weights; and, where the runner runs larger batches on the graph in
+groups, those groups), so the figures see the same machine. Prefill passes of T tokens
 follow. `--ops N` adds torch's profiler table (the N ops with the most self time) for the torch
 step at each size: GEMMs (`mkldnn::_linear_pointwise`, `aten::mm`, the int kernels), attention
 (`aten::_scaled_dot_product_*`), gathers of the pool (`aten::index_select`), norms and
@@ -99,6 +100,17 @@ def prefill_ms(runner: Any, tokens: int, repeats: int = 3) -> float:
     return 1e3 * best
 
 
+def _route(step: Any, path: str, batch: int, graph_rows: int, groups: bool) -> None:
+    """Sends a decode batch down `path`: "graph" (one run of all rows), "groups" (runs of
+    `graph_rows`), "torch", or "default" (the runner's own choice)."""
+    if not graph_rows:
+        return
+    step.max_rows = (
+        max(batch, graph_rows) if path == "graph" else 0 if path == "torch" else graph_rows
+    )
+    step.decode_groups = groups if path == "default" else path == "groups"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.profile_step", description=__doc__)
     parser.add_argument("--model-path", default=None)
@@ -121,29 +133,28 @@ def main() -> None:
     print(runner.format.describe())
     step = runner.decode_step
     graph_rows = step.max_rows if step is not None and not step.every_pass else 0
+    groups = bool(graph_rows) and step is not None and step.decode_groups
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
             figures = []
             paths = ("graph", "torch") if graph_rows else ("torch",)
+            if groups and batch > graph_rows:
+                paths = ("graph", "groups", "torch")
             times: dict[str, list[float]] = {path: [] for path in paths}
             for _ in range(2):
                 for path in paths:
-                    if graph_rows:
-                        step.max_rows = max(batch, graph_rows) if path == "graph" else 0
+                    _route(step, path, batch, graph_rows, groups)
                     times[path].append(decode_ms(runner, batch, args.context))
-            if graph_rows:
-                step.max_rows = graph_rows
+            _route(step, "default", batch, graph_rows, groups)
             for path in paths:
                 ms = min(times[path])
                 figures.append(f"{path} {ms:7.2f} ms ({1e3 * batch / ms:6.1f} tok/s)")
-            taken = "graph" if batch <= graph_rows else "torch"
+            taken = "graph" if batch <= graph_rows else "groups" if groups else "torch"
             print(f"decode B={batch:3d}: " + "  ".join(figures) + f"  [default: {taken}]")
             if args.ops:
-                if graph_rows:
-                    step.max_rows = 0
+                _route(step, "torch", batch, graph_rows, groups)
                 print(op_table(runner, batch, args.context, args.ops))
-                if graph_rows:
-                    step.max_rows = graph_rows
+                _route(step, "default", batch, graph_rows, groups)
         for tokens in [int(t) for t in args.prefill.split(",") if t]:
             ms = prefill_ms(runner, tokens)
             print(f"prefill T={tokens:5d}: {ms:8.1f} ms ({1e3 * tokens / ms:7.1f} tok/s)")

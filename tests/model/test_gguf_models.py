@@ -484,19 +484,20 @@ def test_without_dense_linears_a_greedy_request_sent_again_repeats(
 
 
 @pytest.mark.parametrize(("dtype", "rows"), [("float32", 16), ("bfloat16", 8)])
-def test_the_graph_takes_more_decode_rows_beside_float32_dense_weights(
+def test_beside_float32_dense_weights_the_graph_takes_every_decode_batch_in_groups(
     tmp_path, tiny_tokenizer, monkeypatch, dtype, rows
 ):
     """Beside float32 dense weights (a CPU without a bf16 GEMM) the onnxruntime graph takes
-    decode batches of up to 16 rows, where the torch step's float32 linears lose to it; beside
-    bf16 ones (oneDNN's GEMM) up to 8, and a larger batch runs the torch step."""
+    decode batches of up to 16 rows in one run and larger ones in groups of that many, where the
+    torch step's float32 linears lose to it; the groups' logits are the torch step's. Beside
+    bf16 weights (oneDNN's GEMM) it takes up to 8, and a larger batch runs the torch step."""
     from sgl_lite.backend.runner.weights import choose
 
     monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "1")  # the path that keeps dense linears
     model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
     write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
-    config = EngineConfig(max_total_tokens=256, device="cpu", num_threads=NUM_THREADS, dtype=dtype)
+    config = EngineConfig(max_total_tokens=512, device="cpu", num_threads=NUM_THREADS, dtype=dtype)
     runner = ModelRunner(resolve_model_path(gguf_file), config)
     step = runner.decode_step
     assert step is not None and not step.every_pass, runner.format.describe()
@@ -506,3 +507,20 @@ def test_the_graph_takes_more_decode_rows_beside_float32_dense_weights(
         for i in range(rows + 1)
     ]
     assert step.takes(decodes[:rows]) and not step.takes(decodes)
+    assert step.takes_in_groups(decodes) is (dtype == "float32")
+    if dtype != "float32":
+        return
+    step.max_rows = 2  # five decode rows: groups of 2, 2 and 1, each on its own copies
+    prompts = [tiny_tokenizer.encode(p + " " * i) for i, p in enumerate(PROMPTS + PROMPTS[:2])]
+    pairs = _segments(runner.pool, prompts)
+    runner.forward([head for head, _ in pairs])
+    got = runner.forward([tail for _, tail in pairs])
+    assert sum(lane.nbytes > 0 for lane in runner.kv_lanes) == 3  # the three groups' copies
+    assert runner.step_kv is not None and runner.step_kv.nbytes == 0  # one set at a time
+    step.decode_groups = False  # the same rows on the torch step
+    want = runner.forward([tail for _, tail in pairs])
+    assert sum(lane.nbytes for lane in runner.kv_lanes) == 0  # released for the torch step's
+    for i in range(len(pairs)):
+        ours, theirs = got.rows(i), want.rows(i)
+        assert ours is not None and theirs is not None and torch.isfinite(ours).all()
+        assert (ours - theirs).abs().max() <= 0.05 * theirs.abs().max()

@@ -171,23 +171,24 @@ class ModelRunner:
             return self._graph_passes(step, segments)
         decode_kv = getattr(self, "decode_kv", None)
         step_kv = getattr(self, "step_kv", None)
-        if (
-            step is not None
-            and step_kv is not None
-            and step.takes(segments)
-            and not self._cascades(segments)
-        ):
-            stepped = step.run(segments, self.pool, step_kv)
-            if stepped is not None:
-                if decode_kv is not None and decode_kv.nbytes:
-                    decode_kv.release()  # one set of copies at a time: they may be large
-                return stepped
+        lanes = getattr(self, "kv_lanes", [])
+        # One set of decode copies at a time (each may be large): the path that runs releases
+        # the others'.
+        if step is not None and step_kv is not None:
+            if step.takes(segments) and not self._cascades(segments):
+                stepped = step.run(segments, self.pool, step_kv)
+                if stepped is not None:
+                    _release(decode_kv, *lanes)
+                    return stepped
+            elif step.takes_in_groups(segments) and not self._cascades(segments):
+                _release(decode_kv, step_kv)
+                return self._graph_passes(step, segments)
         input_ids = torch.tensor(
             [t for seg in segments for t in seg.token_ids], dtype=torch.long, device=self.device
         )
         meta = self._metadata(segments, self._use_int(len(input_ids)))
-        if step_kv is not None and step_kv.nbytes and decode_kv is not None and decode_kv.nbytes:
-            step_kv.release()  # one set of copies at a time: a decode batch the graph does not take
+        if decode_kv is not None and decode_kv.nbytes:
+            _release(step_kv, *lanes)  # a decode batch the graph does not take
         try:
             hidden = self.model(input_ids, meta, self.pool)  # (T, hidden)
         except BaseException:
@@ -237,7 +238,8 @@ class ModelRunner:
         return f"; {why}: decode steps on torch"
 
     def _graph_passes(self, step: OrtDecodeStep, segments: list[Segment]) -> ForwardOutput:
-        """A pass of a model with no dense linears, all on the onnxruntime graph, each group
+        """A pass on the onnxruntime graph in runs (every pass of a model with no dense
+        linears; a decode batch larger than one run beside float32 dense weights), each group
         of rows on decode copies of its own (`passes.graph_passes`), the copies bounded by
         twice the pool's bytes."""
         return graph_passes(step, segments, self.pool, self.kv_lanes, 2 * self.pool.nbytes)
@@ -286,9 +288,10 @@ class ModelRunner:
         )
 
     def _cascades(self, segments: list[Segment]) -> bool:
-        """Whether a decode batch the graph takes runs on the torch step instead, for the
-        prefixes its rows share: the graph's attention reads every row's whole context, the
-        torch step reads a shared prefix once (`_shared_prefixes`). Measured on W1 (8
+        """Whether a decode batch the graph takes (in one run or in groups) runs on the torch
+        step instead, for the prefixes its rows share: the graph's attention reads every row's
+        whole context, the torch step reads a shared prefix once (`_shared_prefixes`). On an
+        AVX2 CPU (float32 dense weights) W1 ties either way. Measured on W1 (8
         conversations on one ~300-token system prompt, 8-row steps; 3 interleaved pairs): wall
         5.97 / 5.81 / 6.10 s on the graph, 5.51 / 5.50 / 5.81 s on the torch step. The graph
         takes several rows only as single-token decodes, so `segments` are decodes here."""
@@ -368,6 +371,13 @@ class ModelRunner:
             shared=shared,
             capacity_bias=capacity_bias,  # only on the CPU (`decodes_over_copies`)
         )
+
+
+def _release(*copies: DecodeKV | None) -> None:
+    """Frees the decode copies that hold any memory (they gather afresh when next used)."""
+    for each in copies:
+        if each is not None and each.nbytes:
+            each.release()
 
 
 def context_length_of(hf_config: PretrainedConfig, requested: int | None) -> int:

@@ -70,6 +70,9 @@ class OrtDecodeStep:
         # Set where the model has no dense linears: the runner then sends every pass here
         # (prefill chunks one request at a time, decode rows in groups of `max_rows`).
         self.every_pass = False
+        # Set beside dense weights that lose to the graph at any decode batch (float32 ones,
+        # `choose.graph_rows_beside`): larger decode batches run here in groups of `max_rows`.
+        self.decode_groups = False
         config = model.config
         self.layers = config.num_hidden_layers
         self.kv_heads = config.num_key_value_heads
@@ -110,6 +113,15 @@ class OrtDecodeStep:
             return True
         return len(segments) <= self.max_rows and all(
             len(s.token_ids) == 1 and s.logits_from == 0 for s in segments
+        )
+
+    def takes_in_groups(self, segments: list[Segment]) -> bool:
+        """Whether this pass runs here in groups of `max_rows` rows (`decode_groups`): more
+        single-token decodes than one run takes, each wanting its logits."""
+        return (
+            self.decode_groups
+            and len(segments) > self.max_rows
+            and all(len(s.token_ids) == 1 and s.logits_from == 0 for s in segments)
         )
 
     @torch.inference_mode()

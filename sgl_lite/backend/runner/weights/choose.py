@@ -201,6 +201,9 @@ def prepare_weights(
     step, step_note = _decode_step(
         model, kind, quantized, threads, codes, max_rows=graph_rows_beside(fmt.dense_dtype)
     )
+    if step is not None and fmt.dense_dtype is torch.float32:
+        step.decode_groups = True  # larger batches too, in groups (`graph_rows_beside`)
+        step_note += f", larger ones in groups of {step.max_rows}"
     # In the format's reason, so the start-up line and /get_server_info say which step runs.
     return PreparedWeights(replace(fmt, reason=fmt.reason + step_note), note, step)
 
@@ -210,8 +213,10 @@ def graph_rows_beside(dense: torch.dtype) -> int:
 
     float32 (an AVX2 EPYC, no bf16 GEMM; SmolLM2, 2 threads, quiet): one step alone
     (`python -m bench.profile_step`, ctx 128; graph vs torch) 8 rows 35.2 vs 55.0 ms, 16 rows
-    61.1 vs 106.4 ms; the whole W4 16-prompt run (two pairs interleaved in one process) 134 /
-    144 tok/s with 16 rows on the graph, 111 / 116 on torch; W1 unchanged (10.65 vs 10.79 s).
+    61.1 vs 106.4 ms, 32 rows 95.8 vs 166.5 ms; the whole W4 16-prompt run (two pairs
+    interleaved in one process) 134 / 144 tok/s with 16 rows on the graph, 111 / 116 on torch;
+    W1 unchanged (10.65 vs 10.79 s). So beside float32 weights larger decode batches run on
+    the graph too, in groups of this many rows (`OrtDecodeStep.decode_groups`).
     """
     return ORT_STEP_MAX_ROWS if dense is torch.float32 else ORT_STEP_BESIDE_DENSE_MAX_ROWS
 
