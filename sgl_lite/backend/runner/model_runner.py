@@ -351,8 +351,11 @@ class ModelRunner:
         q_flat = [b * max_q + j for b, n in enumerate(lens) for j in range(n)]
         rows = [offsets[b] + j for b, n in enumerate(lens) for j in range(n)]
         capacity_bias = None
-        over_copies = kv_view is not None and decodes_over_copies(self.device, batch, kv_view)
-        if kv_view is not None and near is None and over_copies:
+        if (
+            kv_view is not None
+            and near is None
+            and decodes_over_copies(self.device, batch, kv_view)
+        ):
             ends = torch.tensor([s.end for s in segments])
             past = torch.arange(kv_view.capacity)[None, :] >= ends[:, None]  # (B, capacity)
             capacity_bias = torch.zeros(batch, 1, 1, kv_view.capacity).masked_fill_(

@@ -71,7 +71,7 @@ class OrtDecodeStep:
         # (prefill chunks one request at a time, decode rows in groups of `max_rows`).
         self.every_pass = False
         # Set beside dense weights that lose to the graph at any decode batch (float32 ones,
-        # `choose.graph_rows_beside`): larger decode batches run here in groups of `max_rows`.
+        # `choose.graph_beside`): larger decode batches run here in groups of `max_rows`.
         self.decode_groups = False
         config = model.config
         self.layers = config.num_hidden_layers
@@ -111,18 +111,12 @@ class OrtDecodeStep:
         only."""
         if len(segments) == 1 and 1 < len(segments[0].token_ids) <= self.max_rows:
             return True
-        return len(segments) <= self.max_rows and all(
-            len(s.token_ids) == 1 and s.logits_from == 0 for s in segments
-        )
+        return len(segments) <= self.max_rows and _decodes(segments)
 
     def takes_in_groups(self, segments: list[Segment]) -> bool:
         """Whether this pass runs here in groups of `max_rows` rows (`decode_groups`): more
         single-token decodes than one run takes, each wanting its logits."""
-        return (
-            self.decode_groups
-            and len(segments) > self.max_rows
-            and all(len(s.token_ids) == 1 and s.logits_from == 0 for s in segments)
-        )
+        return self.decode_groups and len(segments) > self.max_rows and _decodes(segments)
 
     @torch.inference_mode()
     def run(
@@ -218,3 +212,8 @@ class OrtDecodeStep:
         if batch == 1:  # one request's tokens: the rows it asked for (maybe none)
             return ForwardOutput(logits, [(first - int(picked[0]), len(picked))])
         return ForwardOutput(logits, [(b, b + 1) for b in range(batch)])
+
+
+def _decodes(segments: list[Segment]) -> bool:
+    """Whether every segment is a single-token decode wanting its logits."""
+    return all(len(s.token_ids) == 1 and s.logits_from == 0 for s in segments)

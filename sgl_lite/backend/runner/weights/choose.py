@@ -63,7 +63,7 @@ ORT_STEP_MAX_ROWS = 16
 # vs 40.8. The whole W4 16-prompt run (bench/sgl_engine.py w4, same machine, three pairs
 # interleaved) decides the tie: 16 rows on torch 268 / 284 / 271 tok/s, on the graph 243 / 221
 # / 226. Beside float32 dense weights (a CPU without a bf16 GEMM) the torch step's wider
-# passes read 4 bytes a weight and the graph takes ORT_STEP_MAX_ROWS (`graph_rows_beside`).
+# passes read 4 bytes a weight and the graph takes ORT_STEP_MAX_ROWS (`graph_beside`).
 ORT_STEP_BESIDE_DENSE_MAX_ROWS = 8
 # 1: keep dense float copies of a GGUF file's quantized linears beside their codes; 0: never;
 # unset: where they pay (`codes_only_linears`).
@@ -198,18 +198,18 @@ def prepare_weights(
         return PreparedWeights(fmt, note)
     # The decode step runs the file's own codes whether or not torch's int kernels beat the
     # dense GEMM for the other short passes (the whole step as one graph is what wins there).
-    step, step_note = _decode_step(
-        model, kind, quantized, threads, codes, max_rows=graph_rows_beside(fmt.dense_dtype)
-    )
-    if step is not None and fmt.dense_dtype is torch.float32:
-        step.decode_groups = True  # larger batches too, in groups (`graph_rows_beside`)
+    rows, in_groups = graph_beside(fmt.dense_dtype)
+    step, step_note = _decode_step(model, kind, quantized, threads, codes, max_rows=rows)
+    if step is not None and in_groups:
+        step.decode_groups = True
         step_note += f", larger ones in groups of {step.max_rows}"
     # In the format's reason, so the start-up line and /get_server_info say which step runs.
     return PreparedWeights(replace(fmt, reason=fmt.reason + step_note), note, step)
 
 
-def graph_rows_beside(dense: torch.dtype) -> int:
-    """The most decode rows the onnxruntime graph takes beside dense weights of `dense` dtype.
+def graph_beside(dense: torch.dtype) -> tuple[int, bool]:
+    """Beside dense weights of `dense` dtype: the most decode rows one onnxruntime graph run
+    takes, and whether larger decode batches run on it too, in groups of that many.
 
     float32 (an AVX2 EPYC, no bf16 GEMM; SmolLM2, 2 threads, quiet): one step alone
     (`python -m bench.profile_step`, ctx 128; graph vs torch) 8 rows 35.2 vs 55.0 ms, 16 rows
@@ -218,7 +218,9 @@ def graph_rows_beside(dense: torch.dtype) -> int:
     W1 unchanged (10.65 vs 10.79 s). So beside float32 weights larger decode batches run on
     the graph too, in groups of this many rows (`OrtDecodeStep.decode_groups`).
     """
-    return ORT_STEP_MAX_ROWS if dense is torch.float32 else ORT_STEP_BESIDE_DENSE_MAX_ROWS
+    if dense is torch.float32:
+        return ORT_STEP_MAX_ROWS, True
+    return ORT_STEP_BESIDE_DENSE_MAX_ROWS, False
 
 
 def _wants_codes(model: LlamaForCausalLM, fmt: WeightFormat) -> bool:
