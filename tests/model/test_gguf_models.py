@@ -258,10 +258,10 @@ def test_a_k_quant_file_runs_its_own_codes_in_the_decode_step(
     """A Q4_K_M-like file (Q4_K beside Q6_K, fused q/k/v of both) loads like the same weights
     from safetensors, and its decode step runs the file's codes exactly: 4-bit in groups of 32
     where a fused linear is all Q4_K, 8-bit in groups of 16 where it holds Q6_K."""
-    from sgl_lite.backend.runner.weights import choose
+    from sgl_lite.backend.runner.weights import codes_plan
     from sgl_lite.backend.runner.weights.packing import exact_codes
 
-    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "1")  # dense linears for long passes
+    monkeypatch.setenv(codes_plan.DENSE_LINEARS_ENV, "1")  # dense linears for long passes
 
     model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4_k_m.gguf"
@@ -312,10 +312,10 @@ def test_the_decode_step_runs_the_files_codes_where_torchs_int_kernels_lose(
 ):
     """Where torch's int kernels lose to the dense GEMM (they are dropped for the short
     passes), decode steps still run the file's codes as one onnxruntime graph."""
-    from sgl_lite.backend.runner.weights import choose
+    from sgl_lite.backend.runner.weights import choose, codes_plan
 
     monkeypatch.setattr(choose, "_choose", lambda *args: "dense is faster (forced by the test)")
-    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "1")  # the path that keeps dense linears
+    monkeypatch.setenv(codes_plan.DENSE_LINEARS_ENV, "1")  # the path that keeps dense linears
     model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
     write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
@@ -346,10 +346,10 @@ def test_without_dense_linears_the_token_table_is_read_from_the_file(
     llama.cpp writes it): the table is never held, dense or as codes; lookups read the file and
     give the dense table's rows bit for bit (in the model's dtype), and the logits are the
     float32 reference's."""
-    from sgl_lite.backend.runner.weights import choose
+    from sgl_lite.backend.runner.weights import codes_plan
     from sgl_lite.backend.runner.weights.embedding import FileEmbedding
 
-    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "0")
+    monkeypatch.setenv(codes_plan.DENSE_LINEARS_ENV, "0")
     model = tiny_model(
         LlamaConfig,
         tiny_tokenizer,
@@ -390,12 +390,12 @@ def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
     the file's model: every logits row near the float32 dense reference's; also where the
     copies' memory bound frees every lane after each run (each pass gathers afresh)."""
     from sgl_lite.backend.kvcache.kv_pool import KVPool
-    from sgl_lite.backend.runner.weights import choose
+    from sgl_lite.backend.runner.weights import codes_plan
 
     if not lanes_kept:  # a pool of one byte: the lanes' budget is exceeded by any copy
         monkeypatch.setattr(KVPool, "nbytes", property(lambda self: 1))
 
-    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "0")
+    monkeypatch.setenv(codes_plan.DENSE_LINEARS_ENV, "0")
     model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / f"tiny-{quant}.gguf"
     write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears=quant)
@@ -435,14 +435,14 @@ def test_a_decode_step_giving_nan_at_load_is_never_used(
     """The onnxruntime step is probed at load: non-finite logits drop it for the torch step
     where dense linears exist, and refuse the load where the codes are the only copy."""
     from sgl_lite.backend.runner import ort_step
-    from sgl_lite.backend.runner.weights import choose
+    from sgl_lite.backend.runner.weights import codes_plan
     from sgl_lite.backend.types import ForwardOutput
 
     def nan_logits(self, segments, pool, view):
         return ForwardOutput(torch.full((1, self.vocab), float("nan")), [(0, 1)])
 
     monkeypatch.setattr(ort_step.OrtDecodeStep, "_run", nan_logits)
-    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, dense_linears)
+    monkeypatch.setenv(codes_plan.DENSE_LINEARS_ENV, dense_linears)
     model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
     write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
@@ -466,9 +466,9 @@ def test_without_dense_linears_a_greedy_request_sent_again_repeats(
     """Every pass on the graph: the second run of each prompt hits the radix cache (its
     prompt is computed in other passes than the first time) and gives the same tokens, alone
     and with the others in flight."""
-    from sgl_lite.backend.runner.weights import choose
+    from sgl_lite.backend.runner.weights import codes_plan
 
-    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "0")
+    monkeypatch.setenv(codes_plan.DENSE_LINEARS_ENV, "0")
     model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
     write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")
@@ -491,9 +491,9 @@ def test_beside_float32_dense_weights_the_graph_takes_every_decode_batch_in_grou
     decode batches of up to 16 rows in one run and larger ones in groups of that many, where the
     torch step's float32 linears lose to it; the groups' logits are the torch step's. Beside
     bf16 weights (oneDNN's GEMM) it takes up to 8, and a larger batch runs the torch step."""
-    from sgl_lite.backend.runner.weights import choose
+    from sgl_lite.backend.runner.weights import codes_plan
 
-    monkeypatch.setenv(choose.DENSE_LINEARS_ENV, "1")  # the path that keeps dense linears
+    monkeypatch.setenv(codes_plan.DENSE_LINEARS_ENV, "1")  # the path that keeps dense linears
     model = tiny_model(LlamaConfig, tiny_tokenizer, hidden_size=256, intermediate_size=512)
     gguf_file = tmp_path / "tiny-q4.gguf"
     write_gguf(gguf_file, model, tiny_tokenizer, quantize_linears="Q4_0")

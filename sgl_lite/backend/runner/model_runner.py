@@ -44,15 +44,18 @@ from sgl_lite.backend.runner.models.shared_prefix import SharedPrefixes, placed
 from sgl_lite.backend.runner.ort_step import OrtDecodeStep
 from sgl_lite.backend.runner.passes import graph_passes, merge_outputs, split_final_rows
 from sgl_lite.backend.runner.weights import ort_nbits
-from sgl_lite.backend.runner.weights.choose import (
+from sgl_lite.backend.runner.weights.choose import prepare_weights
+from sgl_lite.backend.runner.weights.codes_plan import (
     DENSE_LINEARS_ENV,
-    HEAD,
     codes_only_linears,
-    prepare_weights,
     read_file_codes,
 )
 from sgl_lite.backend.runner.weights.embedding import FileEmbedding
-from sgl_lite.backend.runner.weights.packing import dense_from_codes_names, fill_dense_from_codes
+from sgl_lite.backend.runner.weights.packing import (
+    HEAD,
+    dense_from_codes_names,
+    fill_dense_from_codes,
+)
 from sgl_lite.backend.types import ForwardOutput, Segment
 
 ModelT = TypeVar("ModelT", bound=nn.Module)

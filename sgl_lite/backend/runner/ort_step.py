@@ -71,7 +71,7 @@ class OrtDecodeStep:
         # (prefill chunks one request at a time, decode rows in groups of `max_rows`).
         self.every_pass = False
         # Set beside dense weights that lose to the graph at any decode batch (float32 ones,
-        # `choose.graph_beside`): larger decode batches run here in groups of `max_rows`.
+        # `graph_step.graph_beside`): larger decode batches run here in groups of `max_rows`.
         self.decode_groups = False
         config = model.config
         self.layers = config.num_hidden_layers

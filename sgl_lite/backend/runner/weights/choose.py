@@ -1,38 +1,38 @@
 """Chooses and installs a loaded model's weight format: the mode, the int kernel, the dtype.
 
-Two calls at load. Before the weights are read, `read_file_codes` gives a GGUF file's own
-quantized codes and `codes_only_linears` says which linears need no dense copy at all: in the
-fast mode on CPU, when every decoder linear has codes onnxruntime's kernel takes, the file's
-codes are the only copy (memory ≈ the file). After, `prepare_weights` resolves the settings
-(formats), packs the linears for each candidate kernel, checks and times them on this CPU, and
-installs the winner; every fallback is logged with its reason, and only an explicit request
-that cannot run here raises.
+After the weights are read (`codes_plan` said which linears load as the file's codes alone),
+`prepare_weights` resolves the settings (formats), packs the linears for each candidate kernel,
+checks and times them on this CPU, installs the winner and, in the fast mode, builds the
+onnxruntime decode step (`graph_step`); every fallback is logged with its reason, and only an
+explicit request that cannot run here raises.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-from transformers import PretrainedConfig
 
 from sgl_lite.backend.config import EngineConfig
-from sgl_lite.backend.runner.model_loader import ModelLoadError, gguf_source
-from sgl_lite.backend.runner.ort_step import OrtDecodeStep, unsupported
+from sgl_lite.backend.runner.model_loader import ModelLoadError
+from sgl_lite.backend.runner.ort_step import OrtDecodeStep
 from sgl_lite.backend.runner.weights import ort_nbits
+from sgl_lite.backend.runner.weights.codes_plan import DENSE_LINEARS_ENV, CodesPlan
 from sgl_lite.backend.runner.weights.cpu import CpuCaps, cpu_caps, rows_invariant, time_kernels
 from sgl_lite.backend.runner.weights.formats import (
     WeightFormat,
     resolve_dense_dtype,
     resolve_format,
 )
-from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
+from sgl_lite.backend.runner.weights.graph_step import (
+    build_decode_step,
+    graph_beside,
+    ort_step_blocker,
+)
 from sgl_lite.backend.runner.weights.packing import (
-    HEAD,
     PackedModel,
     drop_dense_linears,
     exact_codes,
@@ -52,88 +52,6 @@ logger = logging.getLogger("sgl_lite")
 # norm) is broken on this build, not merely rounding (measured: 5e-3 for MatMulNBits with int8
 # activations, 3e-3 for torch's int4 kernel with bf16 ones).
 MAX_KERNEL_ERROR = 0.05
-# Set to 1 to keep the fast mode's decode steps on the torch path (the onnxruntime step's A/B).
-DISABLE_ORT_STEP_ENV = "SGL_LITE_DISABLE_ORT_STEP"
-# The most requests one onnxruntime decode step takes: its row groups where every pass runs on
-# it (no dense weights to run instead).
-ORT_STEP_MAX_ROWS = 16
-# Beside bf16/fp16 dense weights (in oneDNN's layout), the decode batches the graph takes;
-# larger ones run the torch step. One step alone (SmolLM2, ctx 128, AVX512-BF16 EPYC, 2 threads,
-# quiet, `python -m bench.profile_step`; graph vs torch): 8 rows 21.7 vs 30.6 ms, 16 rows 39.7
-# vs 40.8. The whole W4 16-prompt run (bench/sgl_engine.py w4, same machine, three pairs
-# interleaved) decides the tie: 16 rows on torch 268 / 284 / 271 tok/s, on the graph 243 / 221
-# / 226. Beside float32 dense weights (a CPU without a bf16 GEMM) the torch step's wider
-# passes read 4 bytes a weight and the graph takes ORT_STEP_MAX_ROWS (`graph_beside`).
-ORT_STEP_BESIDE_DENSE_MAX_ROWS = 8
-# 1: keep dense float copies of a GGUF file's quantized linears beside their codes; 0: never;
-# unset: where they pay (`codes_only_linears`).
-DENSE_LINEARS_ENV = "SGL_LITE_DENSE_LINEARS"
-# The most memory a dense copy of the linears may take to be kept for its faster prefill: a
-# small model's (SmolLM2-135M: 270 MB in bf16). Above it the file's codes are the only copy,
-# so memory stays near the file's size (a 1B model's dense copy is ~2 GB in bf16).
-DENSE_COPY_BUDGET = 512 << 20
-
-
-def read_file_codes(
-    folder: Path, hf_config: PretrainedConfig, config: EngineConfig, device: torch.device
-) -> dict[str, GroupAffine]:
-    """The quantized codes of a GGUF model's linears by transformers name, where the int
-    kernels may run them (CPU; quantization auto or int4); empty otherwise."""
-    source = gguf_source(folder) if config.quantization in ("auto", "int4") else None
-    if source is None or device.type != "cpu":
-        return {}
-    return read_quantized(source, hf_config)
-
-
-class CodesPlan(NamedTuple):
-    """Which linear weights are loaded as codes only (by transformers name), and why the
-    others keep a dense copy (for the start-up line; "" where nothing is said)."""
-
-    names: list[str]
-    note: str
-
-
-def codes_only_linears(
-    model: LlamaForCausalLM, quantized: dict[str, GroupAffine], config: EngineConfig
-) -> CodesPlan:
-    """The decoder linears that need no dense copy: all of them when the fast mode can run
-    each pass from the file's codes on onnxruntime's kernel (quantization auto, codes for every
-    linear in a shape it packs) and a dense copy would take more than DENSE_COPY_BUDGET (below
-    it, the copy's faster prefill is worth its memory). `DENSE_LINEARS_ENV` overrides the rule.
-    The model may still be on the meta device.
-    """
-    if config.enable_deterministic_inference or config.quantization != "auto" or not quantized:
-        return CodesPlan([], "")
-    forced = os.environ.get(DENSE_LINEARS_ENV)
-    if forced == "1" or ort_nbits.available():
-        return CodesPlan([], "")
-    kind = packed_file_kind(model, quantized)
-    if kind is None or shape_problem(model, kind):
-        return CodesPlan([], "")
-    names = [name for name in quantized if name.startswith("model.layers.")]
-    dense, _ = resolve_dense_dtype(config.dtype, "cpu", cpu_caps())
-    size = sum(quantized[name].q.numel() for name in names) * dense.itemsize
-    if forced == "0" or size > DENSE_COPY_BUDGET:
-        return CodesPlan(names + _codes_only_embedding(model, quantized), "")
-    # A rule, not a timing: a probe timed at load chose differently on a busy machine, and the
-    # mode must not change from one start to the next. Measured on the embedded model: the
-    # dense GEMM takes a 256-row pass of its widest linear in 2.4 ms, MatMulNBits in 4.4.
-    return CodesPlan(
-        [],
-        f"; a dense copy of the linears kept for prefill ({size / 2**20:.0f} MB, within "
-        f"{DENSE_COPY_BUDGET >> 20} MB)",
-    )
-
-
-def _codes_only_embedding(model: LlamaForCausalLM, quantized: dict[str, GroupAffine]) -> list[str]:
-    """[the token table's name] where it can stay codes (`weights.embedding`) beside codes-only
-    linears: nothing else reads the dense table once the head runs from 8-bit codes of the
-    file (the tied table's own, or an untied head's), else []."""
-    table = quantized.get(HEAD)
-    head = table if model.tied else quantized.get("lm_head.weight")
-    if table is None or head is None or head.bits != 8:
-        return []
-    return [HEAD]
 
 
 class PreparedWeights(NamedTuple):
@@ -199,7 +117,7 @@ def prepare_weights(
     # The decode step runs the file's own codes whether or not torch's int kernels beat the
     # dense GEMM for the other short passes (the whole step as one graph is what wins there).
     rows, in_groups = graph_beside(fmt.dense_dtype)
-    step, step_note = _decode_step(model, kind, quantized, threads, codes, max_rows=rows)
+    step, step_note = build_decode_step(model, kind, quantized, threads, codes, max_rows=rows)
     if step is not None and in_groups:
         step.decode_groups = True
         step_note += f", larger ones in groups of {step.max_rows}"
@@ -207,70 +125,10 @@ def prepare_weights(
     return PreparedWeights(replace(fmt, reason=fmt.reason + step_note), note, step)
 
 
-def graph_beside(dense: torch.dtype) -> tuple[int, bool]:
-    """Beside dense weights of `dense` dtype: the most decode rows one onnxruntime graph run
-    takes, and whether larger decode batches run on it too, in groups of that many.
-
-    float32 (an AVX2 EPYC, no bf16 GEMM; SmolLM2, 2 threads, quiet): one step alone
-    (`python -m bench.profile_step`, ctx 128; graph vs torch) 8 rows 35.2 vs 55.0 ms, 16 rows
-    61.1 vs 106.4 ms, 32 rows 95.8 vs 166.5 ms; the whole W4 16-prompt run (two pairs
-    interleaved in one process) 134 / 144 tok/s with 16 rows on the graph, 111 / 116 on torch;
-    W1 unchanged (10.65 vs 10.79 s). So beside float32 weights larger decode batches run on
-    the graph too, in groups of this many rows (`OrtDecodeStep.decode_groups`).
-    """
-    if dense is torch.float32:
-        return ORT_STEP_MAX_ROWS, True
-    return ORT_STEP_BESIDE_DENSE_MAX_ROWS, False
-
-
 def _wants_codes(model: LlamaForCausalLM, fmt: WeightFormat) -> bool:
     """Whether the fast mode will read the fused linears' exact codes: torch's int4 packing
     does, and so does the onnxruntime step where it can run."""
-    return fmt.int_kind == "int4" or _ort_step_blocker(model) is None
-
-
-def _ort_step_blocker(model: LlamaForCausalLM) -> str | None:
-    """Why the onnxruntime decode step will not be built for `model`, or None if it will be
-    tried: onnxruntime missing or failing its probe, a block it cannot express, or the A/B
-    switch."""
-    if os.environ.get(DISABLE_ORT_STEP_ENV) == "1":
-        return f"{DISABLE_ORT_STEP_ENV}=1"
-    return ort_nbits.available() or unsupported(model)
-
-
-def _decode_step(
-    model: LlamaForCausalLM,
-    kind: str,
-    quantized: dict[str, GroupAffine],
-    threads: int,
-    codes: tuple[dict[str, GroupAffine], GroupAffine] | None = None,
-    consume: bool = False,
-    max_rows: int = ORT_STEP_MAX_ROWS,
-) -> tuple[OrtDecodeStep | None, str]:
-    """The fast mode's whole decode step on onnxruntime for passes of up to `max_rows`
-    requests, or None and why not (logged); `codes` are `exact_codes`' answer where the caller
-    has it, emptied by the build where `consume` (nothing else may need them then: a failed
-    build raises ModelLoadError)."""
-    why = _ort_step_blocker(model)
-    step = None
-    if not why:
-        try:
-            linears, head = codes or exact_codes(model, kind, quantized)
-            step = OrtDecodeStep.build(model, linears, head, threads, max_rows, consume=consume)
-        except Exception as exc:  # onnxruntime raises its own types; any failure falls back
-            why = f"{type(exc).__name__}: {exc}"
-            if consume:
-                raise ModelLoadError(
-                    f"the onnxruntime graph of this file's codes failed to build ({why}); "
-                    f"set {DENSE_LINEARS_ENV}=1 to run the dense weights"
-                ) from exc
-    if step is None:
-        logger.info("sgl_lite weights: decode steps on torch (onnxruntime step not used: %s)", why)
-        return None, f"; decode steps on torch (onnxruntime step not used: {why})"
-    return step, (
-        f"; decode steps of <= {step.max_rows} requests: one onnxruntime graph "
-        f"(built in {step.build_seconds:.1f}s)"
-    )
+    return fmt.int_kind == "int4" or ort_step_blocker(model) is None
 
 
 def _install_codes_only(
@@ -289,9 +147,9 @@ def _install_codes_only(
     assert kind is not None
     codes = exact_codes(model, kind, quantized, consume=True)
     fmt = replace(fmt, int_max_rows=None).with_kernel("onnxruntime", "no dense copy of the linears")
-    # Where the graph cannot express the model, `_decode_step` says so before touching `codes`
+    # Where the graph cannot express the model, `build_decode_step` says so before touching `codes`
     # (they then feed the per-linear sessions below); once it starts, it owns them.
-    step, step_note = _decode_step(model, kind, quantized, threads, codes, consume=True)
+    step, step_note = build_decode_step(model, kind, quantized, threads, codes, consume=True)
     if step is not None:
         step.every_pass = True
         drop_dense_linears(model)
