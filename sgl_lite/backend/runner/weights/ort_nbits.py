@@ -97,7 +97,10 @@ def _pack_codes(codes: torch.Tensor, bits: int, group: int) -> np.ndarray:
     if bits == 8:
         return codes.contiguous().numpy().reshape(n, k // group, group)
     pairs = codes.reshape(n, k // 2, 2)
-    packed = torch.bitwise_or(pairs[..., 0], pairs[..., 1] << 4)
+    # One fresh (N, K/2) tensor, the low nibbles OR-ed into it in place: a second full-size
+    # temporary costs its page faults in a load, more than its arithmetic.
+    packed = pairs[..., 1] << 4
+    packed |= pairs[..., 0]
     return packed.numpy().reshape(n, k // group, group // 2)
 
 
