@@ -353,7 +353,8 @@ class VllmPeer:
         return json_figures(reply["wall_s"], texts, wl.json_schema)
 
     def w4(self, wl: Workloads) -> dict[str, Any]:
-        """Batch-1 decode, then every W4 prompt in one call; EOS ignored, as for sgl_lite."""
+        """Batch-1 decode, then every W4 prompt in one call; EOS ignored, as for sgl_lite.
+        Prefill as sgl_lite's: the prompts joined as one, from an empty cache, one new token."""
         self._fresh()
         one = self.generate(
             [raw_ids(self.tokenizer, wl.decode_prompt)], wl.decode_new_tokens_b1, True
@@ -362,7 +363,12 @@ class VllmPeer:
         many = [raw_ids(self.tokenizer, p) for p in wl.decode_prompts]
         batch = self.generate(many, wl.decode_new_tokens_batch, True)
         tokens_n = sum(len(o["ids"]) for o in batch["outputs"])
+        self._fresh()
+        joined = [t for ids in many for t in ids]
+        prefill = self.generate([joined], 1)
         return {
+            "prefill_tokens": len(joined),
+            "prefill_tokens_per_s": len(joined) / prefill["wall_s"],
             "batch1_tokens_per_s": len(one["outputs"][0]["ids"]) / one["wall_s"],
             "batch_tokens_per_s": tokens_n / batch["wall_s"],
             "batch_size": len(many),

@@ -41,3 +41,17 @@ def test_a_systems_own_notes_reach_the_report_and_the_page():
     assert report.figure_notes("vllm", figs) == ["vllm: no cache reads"]
     block = {"title": "few-shot select", "systems": {"vllm": figs}}
     assert "- vllm: no cache reads" in docs_table._workload("W2", block)
+
+
+def test_w4_is_held_to_vllms_aggregate_and_prefill():
+    w4 = {
+        "sgl_lite": {"batch_tokens_per_s": 300.0, "prefill_tokens_per_s": 1500.0},
+        "vllm": {"batch_tokens_per_s": 500.0, "prefill_tokens_per_s": 1000.0},
+    }
+    results = {"env": {}, "workloads": {"W4": {"systems": w4}}}
+    batch = _target(results, "W4 16 prompts aggregate tok/s, sgl_lite / vLLM CPU")
+    assert (batch.value, batch.status) == (0.6, "missed")
+    prefill = _target(results, "W4 prefill tok/s, sgl_lite / vLLM CPU")
+    assert (prefill.value, prefill.status) == (1.5, "met")
+    del w4["vllm"]["prefill_tokens_per_s"]  # a peer run that predates the prefill figure
+    assert _target(results, "W4 prefill tok/s, sgl_lite / vLLM CPU").status == "n/a"
