@@ -134,7 +134,7 @@ def test_eight_decode_rows_over_the_copies_whole_capacity_match_sdpa(monkeypatch
     for over_copies in (False, True):
         runner.pool.k.copy_(snapshot[0])
         runner.pool.v.copy_(snapshot[1])
-        monkeypatch.setattr(Attention, "decode_over_copies", over_copies)
+        monkeypatch.setattr(Attention, "plain_softmax", over_copies)
         runner.decode_kv = DecodeKV(runner.pool)
         logits, lens = [], [len(ids) - 1 for ids, _ in seqs]
         for step in range(6):

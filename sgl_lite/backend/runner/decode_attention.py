@@ -20,7 +20,7 @@ from sgl_lite.backend.types import Segment
 # The fewest decode rows that attend with two batched matmuls over the decode copies' whole
 # capacity rather than SDPA's flash kernel over their used part (`decodes_over_copies`).
 # One torch decode step (SmolLM2, AVX512-BF16 EPYC, 2 threads; `bench.profile_step.decode_ms`
-# with `Attention.decode_over_copies` off then on, interleaved): 1 row x 500 keys 14.7 -> 17.1
+# with `Attention.plain_softmax` off then on, interleaved): 1 row x 500 keys 14.7 -> 17.1
 # ms and 4 x 600 24.9 -> 26.3 (slower); 8 x 1,000 53.4 -> 42.5, 16 x 500 60.3 -> 49.2,
 # 32 x 300 80.4 -> 60.7, 64 x 200 129.8 -> 108.7 (faster).
 DECODE_OVER_COPIES_MIN_ROWS = 8

@@ -373,6 +373,7 @@ class ModelRunner:
             mask=full_mask,
             window_mask=window_mask,
             rows_in_order=max_q == 1 and total == batch,  # then offsets are 0..B-1
+            causal=max_q > 1 and near is None and all(s.start == 0 for s in segments),
             kv_view=kv_view,
             shared=shared,
             capacity_bias=capacity_bias,  # only on the CPU (`decodes_over_copies`)

@@ -85,7 +85,7 @@ class GemmaAttention(Attention):
         scalar = getattr(config, "query_pre_attn_scalar", None) or self.head_dim
         self.scale = float(scalar) ** -0.5
         self.softcap = getattr(config, "attn_logit_softcapping", None)
-        self.decode_over_copies = self.softcap is None  # `_core`'s soft-capping: no shortcut
+        self.plain_softmax = self.softcap is None  # `_core`'s soft-capping: no shortcut
         if getattr(config, "attention_bias", False):  # Gemma's o_proj shares the q/k/v bias flag
             self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=True)
         self.qk_norm = "head" if config.model_type == "gemma3_text" else None  # Gemma 3's (1+w)

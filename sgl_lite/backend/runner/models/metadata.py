@@ -32,6 +32,10 @@ class AttentionGroup:
     # the model has no sliding layers or no key of the group falls out of the window
     window_mask: torch.Tensor | None = None
     rows_in_order: bool = False  # q_index is arange(B)[:, None]: queries need no gather
+    # Every request's queries start its sequence (position 0, nothing cached) and no window cuts
+    # a key: `mask` is then plain causal, which plain-softmax layers may leave to SDPA
+    # (Attention._attend_causal); layers that compute otherwise read `mask` as always
+    causal: bool = False
     kv_view: KVView | None = None  # decode steps: K/V kept gathered between steps (decode_kv)
     # Decode steps that attend over the copies' whole capacity (Attention._decode_over_copies):
     # (B, 1, 1, capacity) float32, 0 for each row's keys and -inf past them; else None
