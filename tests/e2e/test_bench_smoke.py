@@ -95,7 +95,7 @@ def test_bench_quick_run_writes_every_field_of_the_results_file(tmp_path, capsys
     for w, figs in data["workloads"]["W5"]["systems"].items():
         assert "skipped" in figs or "dsl_over_engine" in figs, w
 
-    assert len(data["targets"]) == 20
+    assert len(data["targets"]) == 22
     for target in data["targets"]:
         assert target["status"] in ("met", "missed") or target["status"].startswith("n/a"), target
     assert "Targets (BENCHMARKS.md)" in printed

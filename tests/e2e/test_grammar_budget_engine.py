@@ -83,9 +83,15 @@ def test_budget_closed_greedy_output_is_the_same_with_the_prefix_cache(
     again = engine.generate(prompt, params)
     batched = engine.generate([prompt, prompt + " "], [params, params])[0]
     assert again["meta_info"]["cached_tokens"] > 0
-    assert first["output_ids"] == again["output_ids"] == batched["output_ids"]
-    assert first["meta_info"]["budget_closed"], first
-    jsonschema.validate(json.loads(first["text"]), SCHEMAS["ticket"])
+    assert first["output_ids"] == again["output_ids"]  # the fast mode's repeat guarantee
+    # NOTE: alone and batched agree token for token only in the deterministic mode; in the fast
+    # mode a batch's passes (one row's jump-forward chunk beside the other's decode) may run
+    # other kernels, so the batched output is held to what the budget promises, not to identity
+    # (seen on an AMX Xeon with one thread: the two part at a near-tie, token 5).
+    for out in (first, batched):
+        assert out["meta_info"]["budget_closed"], out
+        assert len(out["output_ids"]) <= params["max_new_tokens"]
+        jsonschema.validate(json.loads(out["text"]), SCHEMAS["ticket"])
 
 
 def test_logprobs_record_the_tokens_the_closer_emitted(backend_engine, smollm_tokenizer):
