@@ -11,7 +11,7 @@ import torch
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.runner.decode_attention import DECODE_OVER_COPIES_MIN_ROWS
 from sgl_lite.backend.runner.model_runner import ModelRunner
-from sgl_lite.backend.runner.models.llama import Attention
+from sgl_lite.backend.runner.models.attention import Attention
 from sgl_lite.backend.runner.weights import quant
 from sgl_lite.backend.runner.weights.choose import CROSSOVER_ROWS
 from sgl_lite.backend.runner.weights.cpu import rows_invariant

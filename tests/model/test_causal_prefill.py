@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgl_lite.backend.runner.models.llama import Attention
+from sgl_lite.backend.runner.models.attention import Attention
 from sgl_lite.backend.types import Segment
 from tests.support.tiny import DECODE_VOCAB, tiny_runner
 

@@ -104,7 +104,7 @@ def test_eight_decode_rows_over_the_copies_whole_capacity_match_sdpa(monkeypatch
     batch's) change nothing, and the logits match SDPA's over the used part to bf16 rounding."""
     from sgl_lite.backend.kvcache.kv_pool import KVPool
     from sgl_lite.backend.runner.decode_attention import DECODE_OVER_COPIES_MIN_ROWS
-    from sgl_lite.backend.runner.models.llama import Attention
+    from sgl_lite.backend.runner.models.attention import Attention
 
     runner = tiny_runner()
     pool = runner.pool

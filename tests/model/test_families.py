@@ -24,7 +24,8 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.engine import Engine
 from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.models import FAMILIES, SUPPORTED_MODEL_TYPES
-from sgl_lite.backend.runner.models.llama import RotaryEmbedding, head_dim_of
+from sgl_lite.backend.runner.models.attention import head_dim_of
+from sgl_lite.backend.runner.models.rope import RotaryEmbedding
 from sgl_lite.backend.types import Segment
 from tests.support import NUM_THREADS
 

@@ -12,8 +12,8 @@ from transformers import Gemma3TextConfig
 from sgl_lite.backend.kvcache.kv_pool import KVPool
 from sgl_lite.backend.runner.decode_graphs import DecodeGraphs
 from sgl_lite.backend.runner.model_runner import ModelRunner
+from sgl_lite.backend.runner.models.attention import head_dim_of
 from sgl_lite.backend.runner.models.gemma import GemmaForCausalLM
-from sgl_lite.backend.runner.models.llama import head_dim_of
 from sgl_lite.backend.types import Segment
 from tests.support.tiny_gemma import FAMILIES, SMALL, configs, hf_model
 

@@ -10,7 +10,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 from sgl_lite.backend.kvcache.kv_pool import KVPool
 from sgl_lite.backend.runner.model_runner import ModelRunner
 from sgl_lite.backend.runner.models import build_model
-from sgl_lite.backend.runner.models.llama import LlamaForCausalLM, head_dim_of
+from sgl_lite.backend.runner.models.attention import head_dim_of
+from sgl_lite.backend.runner.models.llama import LlamaForCausalLM
 from sgl_lite.backend.types import Segment
 
 TINY = dict(

@@ -361,7 +361,7 @@ def test_decode_rows_sharing_a_prefix_run_on_the_torch_steps_cascade_not_the_gra
     run, attend = step.run, shared_prefix.attend_shared
     monkeypatch.setattr(step, "run", lambda *args: on_graph.append(1) or run(*args))
     monkeypatch.setattr(
-        "sgl_lite.backend.runner.models.llama.attend_shared",
+        "sgl_lite.backend.runner.models.attention.attend_shared",
         lambda *args, **kwargs: cascaded.append(1) or attend(*args, **kwargs),
     )
     branches = prefill_branches(runner, 48, own=[2, 5, 3], extra=2)

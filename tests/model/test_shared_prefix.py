@@ -125,7 +125,7 @@ def test_decode_steps_over_shared_prefixes_give_the_padded_passes_logits(monkeyp
         calls.append(1)
         return counted(*args, **kwargs)
 
-    monkeypatch.setattr("sgl_lite.backend.runner.models.llama.attend_shared", counting)
+    monkeypatch.setattr("sgl_lite.backend.runner.models.attention.attend_shared", counting)
     runner.shared_prefixes = True
     cascaded = _decode_steps(runner, seqs, 6)
     assert len(calls) == 6 * 2  # every step, both layers

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.kvcache.kv_pool import KVPool
 from sgl_lite.backend.runner.model_runner import ModelRunner
-from sgl_lite.backend.runner.models.llama import LlamaForCausalLM, head_dim_of
+from sgl_lite.backend.runner.models.attention import head_dim_of
+from sgl_lite.backend.runner.models.llama import LlamaForCausalLM
 from sgl_lite.backend.runner.weights import gguf_blocks, quant
 from sgl_lite.backend.runner.weights.cpu import cpu_caps
 from sgl_lite.backend.runner.weights.formats import resolve_format

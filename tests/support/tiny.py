@@ -77,7 +77,7 @@ def tiny_runner(model_type: str = "llama", **overrides: Any) -> Any:
     from sgl_lite.backend.kvcache.kv_pool import KVPool
     from sgl_lite.backend.runner.model_runner import ModelRunner
     from sgl_lite.backend.runner.models import build_model
-    from sgl_lite.backend.runner.models.llama import head_dim_of
+    from sgl_lite.backend.runner.models.attention import head_dim_of
 
     config = AutoConfig.for_model(
         model_type, **{**TINY_LLAMA, "vocab_size": DECODE_VOCAB, **overrides}

@@ -24,7 +24,7 @@ from sgl_lite.backend.kvcache.sizing import (
 )
 from sgl_lite.backend.runner.model_loader import gguf_source, load_config, resolve_model_path
 from sgl_lite.backend.runner.model_runner import context_length_of
-from sgl_lite.backend.runner.models.llama import head_dim_of
+from sgl_lite.backend.runner.models.attention import head_dim_of
 from sgl_lite.backend.runner.weights.cpu import cpu_caps
 from sgl_lite.backend.runner.weights.formats import resolve_dense_dtype
 from sgl_lite.backend.runner.weights.gguf_tensors import read_header

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from sgl_lite.backend.runner.decode_kv import KVView
-from sgl_lite.backend.runner.models.llama import Attention
+from sgl_lite.backend.runner.models.attention import Attention
 from sgl_lite.backend.runner.models.shared_prefix import SharedPrefixes, find_shared_prefixes
 from sgl_lite.backend.runner.weights.formats import WeightFormat
 from sgl_lite.backend.types import Segment

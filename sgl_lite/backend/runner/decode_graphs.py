@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sgl_lite.backend.runner.models.llama import AttentionGroup, AttentionMetadata
+from sgl_lite.backend.runner.models.metadata import AttentionGroup, AttentionMetadata
 
 if TYPE_CHECKING:
     from sgl_lite.backend.runner.model_runner import ModelRunner

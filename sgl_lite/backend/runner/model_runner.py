@@ -33,13 +33,9 @@ from sgl_lite.backend.runner.model_loader import (
     load_state_dict,
 )
 from sgl_lite.backend.runner.models import build_model, family_of
-from sgl_lite.backend.runner.models.llama import (
-    Attention,
-    AttentionGroup,
-    AttentionMetadata,
-    RotaryEmbedding,
-    head_dim_of,
-)
+from sgl_lite.backend.runner.models.attention import Attention, head_dim_of
+from sgl_lite.backend.runner.models.metadata import AttentionGroup, AttentionMetadata
+from sgl_lite.backend.runner.models.rope import RotaryEmbedding
 from sgl_lite.backend.runner.models.shared_prefix import SharedPrefixes, placed
 from sgl_lite.backend.runner.ort_step import OrtDecodeStep
 from sgl_lite.backend.runner.passes import graph_passes, merge_outputs, split_final_rows

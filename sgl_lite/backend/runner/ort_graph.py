@@ -25,13 +25,13 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from sgl_lite.backend.runner.models.attention import head_dim_of
 from sgl_lite.backend.runner.models.gemma import GemmaDecoderLayer, GemmaForCausalLM
 from sgl_lite.backend.runner.models.llama import (
     DecoderLayer,
     LlamaForCausalLM,
     PostNormDecoderLayer,
     ScaledResidualLayer,
-    head_dim_of,
 )
 from sgl_lite.backend.runner.weights import onnx_proto, ort_nbits
 from sgl_lite.backend.runner.weights.quant import GroupAffine

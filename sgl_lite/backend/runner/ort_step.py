@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
-from sgl_lite.backend.runner.models.llama import LlamaForCausalLM, head_dim_of
+from sgl_lite.backend.runner.models.attention import head_dim_of
+from sgl_lite.backend.runner.models.llama import LlamaForCausalLM
 from sgl_lite.backend.runner.ort_graph import step_session, unsupported
 from sgl_lite.backend.runner.weights.ort_nbits import return_freed_memory
 from sgl_lite.backend.runner.weights.quant import GroupAffine

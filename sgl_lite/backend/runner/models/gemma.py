@@ -26,15 +26,10 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from sgl_lite.backend.kvcache.kv_pool import KVPool
-from sgl_lite.backend.runner.models.llama import (
-    MLP,
-    Attention,
-    AttentionMetadata,
-    LlamaForCausalLM,
-    RotaryEmbedding,
-    apply_rope,
-    head_dim_of,
-)
+from sgl_lite.backend.runner.models.attention import Attention, head_dim_of
+from sgl_lite.backend.runner.models.llama import MLP, LlamaForCausalLM
+from sgl_lite.backend.runner.models.metadata import AttentionMetadata
+from sgl_lite.backend.runner.models.rope import RotaryEmbedding, apply_rope
 from sgl_lite.backend.runner.models.spec import LLAMA, DecoderSpec
 from sgl_lite.backend.runner.weights.linear import Linear
 
