@@ -1,5 +1,6 @@
 """Prefill from position 0 leaves the causal mask to SDPA (`Attention._attend_causal`) and gives
-what the group's explicit mask gives; every other pass keeps the mask."""
+what the group's explicit mask gives; every other pass keeps the mask, converted once per pass
+into SDPA's additive form (`AttentionGroup.additive_mask`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from sgl_lite.backend.runner.models.attention import Attention
+from sgl_lite.backend.runner.models.metadata import AttentionGroup
 from sgl_lite.backend.types import Segment
 from tests.support.tiny import DECODE_VOCAB, tiny_runner
 
@@ -78,3 +80,27 @@ def test_the_int_modes_float64_attention_keeps_its_one_path(monkeypatch, causal_
     logits = _prefill(runner, LENGTHS)
     assert causal_calls == []
     assert torch.isfinite(logits).all()
+
+
+def test_the_chunks_mask_is_converted_once_for_every_layer(monkeypatch):
+    """A chunk after a cached prefix attends with its mask in SDPA's additive form, made once
+    per pass; the logits equal bit for bit those of SDPA converting the boolean mask itself."""
+    runner = tiny_runner()
+    ids = _ids(30, 3)
+    slots = runner.pool.alloc(30)
+    runner.forward([Segment(token_ids=ids[:20], start=0, kv_slots=slots[:20], logits_from=20)])
+    chunk = [Segment(token_ids=ids[20:], start=20, kv_slots=slots, logits_from=0)]
+    made: list[torch.dtype] = []
+    original = AttentionGroup.additive_mask
+
+    def counted(self, dtype):
+        if dtype not in self._additive:
+            made.append(dtype)
+        return original(self, dtype)
+
+    monkeypatch.setattr(AttentionGroup, "additive_mask", counted)
+    additive = runner.forward(chunk).logits
+    assert made == [torch.float32]  # one conversion, read by both layers
+    monkeypatch.setattr(AttentionGroup, "additive_mask", lambda self, dtype: self.mask)
+    boolean = runner.forward(chunk).logits
+    assert torch.equal(additive, boolean)

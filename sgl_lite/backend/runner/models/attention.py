@@ -155,7 +155,10 @@ class Attention(nn.Module):
                 k_batched, v_batched = k_batched.to(attn), v_batched.to(attn)
             if q_batched.dtype is not attn:
                 q_batched = q_batched.to(attn)
-            out = self._core(q_batched, k_batched, v_batched, group.mask)
+            # Plain softmax layers take the mask converted once for every layer; the others
+            # (Gemma's soft-capping) combine the boolean mask themselves.
+            mask = group.additive_mask(attn) if self.plain_softmax else group.mask
+            out = self._core(q_batched, k_batched, v_batched, mask)
         out = out.view(batch, kv_heads, per_kv, max_q, dim).permute(0, 3, 1, 2, 4)
         out = out.reshape(batch * max_q, self.num_heads, dim)  # (B * Q, H, D)
         if max_q == 1:  # decodes: every padded row is a real query, already in order
