@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sgl_lite.backend.runner.decode_kv import KVView
-from sgl_lite.backend.runner.models.shared_prefix import SharedPrefixes
+from sgl_lite.backend.runner.models.shared_prefix import SharedPrefixes, additive
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,9 +57,7 @@ class AttentionGroup:
             return None
         found = self._additive.get(dtype)
         if found is None:
-            found = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
-            found.masked_fill_(~self.mask, float("-inf"))
-            self._additive[dtype] = found
+            found = self._additive[dtype] = additive(self.mask, dtype)
         return found
 
 

@@ -122,13 +122,19 @@ def _padded(runs: list[torch.Tensor]) -> tuple[torch.Tensor, int, torch.Tensor |
     return padded.flatten(), longest, mask
 
 
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask in SDPA's additive form: 0 where it is True, -inf elsewhere, in
+    `dtype` on the mask's device (SDPA makes the same values from a boolean mask at every call)."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf")
+    )
+
+
 def placed(shared: SharedPrefixes, device: torch.device, dtype: torch.dtype) -> SharedPrefixes:
     """The same cut on `device`, its masks additive for K/V of `dtype`, built once per pass."""
 
-    def additive(mask: torch.Tensor | None) -> torch.Tensor | None:
-        if mask is None:
-            return None
-        return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf")).to(device)
+    def placed_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+        return None if mask is None else additive(mask, dtype).to(device)
 
     return SharedPrefixes(
         rows=shared.rows.to(device),
@@ -136,10 +142,10 @@ def placed(shared: SharedPrefixes, device: torch.device, dtype: torch.dtype) -> 
         q_flat=shared.q_flat.to(device),
         prefix_flat=shared.prefix_flat.to(device),
         prefix_len=shared.prefix_len,
-        prefix_mask=additive(shared.prefix_mask),
+        prefix_mask=placed_mask(shared.prefix_mask),
         suffix_flat=shared.suffix_flat.to(device),
         suffix_len=shared.suffix_len,
-        suffix_mask=additive(shared.suffix_mask),
+        suffix_mask=placed_mask(shared.suffix_mask),
     )
 
 
