@@ -25,9 +25,10 @@ from sgl_lite.backend.kvcache.sizing import (
 from sgl_lite.backend.runner.model_loader import gguf_source, load_config, resolve_model_path
 from sgl_lite.backend.runner.model_runner import context_length_of
 from sgl_lite.backend.runner.models.attention import head_dim_of
+from sgl_lite.backend.runner.weights.codes_plan import DENSE_COPY_BUDGET
 from sgl_lite.backend.runner.weights.cpu import cpu_caps
 from sgl_lite.backend.runner.weights.formats import resolve_dense_dtype
-from sgl_lite.backend.runner.weights.gguf_tensors import read_header
+from sgl_lite.backend.runner.weights.gguf_tensors import FLOAT_TYPE_IDS, read_header
 
 logger = logging.getLogger("sgl_lite")
 
@@ -55,8 +56,30 @@ def dense_dtype_name(config: EngineConfig) -> str:
     if config.dtype != "auto":
         return config.dtype
     caps = None if config.device.startswith("cuda") else cpu_caps()
-    chosen, _ = resolve_dense_dtype("auto", config.device, caps)
+    prefill_only = caps is not None and _decodes_on_int_kernels(config)
+    chosen, _ = resolve_dense_dtype("auto", config.device, caps, prefill_only)
     return next(name for name, dt in DTYPES.items() if dt == chosen)
+
+
+def _decodes_on_int_kernels(config: EngineConfig) -> bool:
+    """Whether the fast mode will decode this model on int kernels beside a dense copy for the
+    long passes (`formats.resolve_dense_dtype`'s `prefill_only`): an int quantization asked for,
+    or (`auto`) a GGUF file holding block codes whose layers' dense float32 copy fits
+    `codes_plan.DENSE_COPY_BUDGET` (above it every pass runs the codes). An estimate for files
+    whose codes have no int form (IQ formats alone run dense)."""
+    if config.enable_deterministic_inference or config.quantization == "none":
+        return False
+    if config.quantization in ("int4", "int8"):
+        return True
+    source = gguf_source(resolve_model_path(config.model_path))
+    if source is None:
+        return False
+    tensors = read_header(source).tensors
+    layers = sum(
+        math.prod(t.dims) for t in tensors if t.name.startswith("blk.") and len(t.dims) > 1
+    )
+    coded = any(tensor.type_id not in FLOAT_TYPE_IDS for tensor in tensors)
+    return coded and layers * 4 <= DENSE_COPY_BUDGET
 
 
 def resolve_mem_fraction(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -98,6 +98,7 @@ def prepare_weights(
         caps=caps,
         file_kind=file_kind,
         deterministic=deterministic,
+        dense_copy=not plan.names,
     )
     if fmt.int_kind is None:
         return PreparedWeights(fmt, note)

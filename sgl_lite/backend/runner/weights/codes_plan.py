@@ -75,7 +75,7 @@ def codes_only_linears(
     if kind is None or shape_problem(model, kind):
         return CodesPlan([], "")
     names = [name for name in quantized if name.startswith("model.layers.")]
-    dense, _ = resolve_dense_dtype(config.dtype, "cpu", cpu_caps())
+    dense, _ = resolve_dense_dtype(config.dtype, "cpu", cpu_caps(), prefill_only=True)
     size = sum(quantized[name].q.numel() for name in names) * dense.itemsize
     if forced == "0" or size > DENSE_COPY_BUDGET:
         return CodesPlan(names + _codes_only_embedding(model, quantized), "")

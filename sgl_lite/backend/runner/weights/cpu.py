@@ -2,12 +2,16 @@
 
 torch's int4/int8 weight-only kernels are vectorised only for bf16 activations, and a dense
 bf16 GEMM is fast only with AVX512-BF16 or AMX; without those a batched bf16 `linear` is several
-times slower than float32. So the choice of formats rests on two facts: whether the CPU has a
-bf16 GEMM path, and whether a packed int matmul actually beats a dense one here, which we time.
+times slower than float32. Having the instructions is not enough either: on a Xeon with
+AVX512-BF16 and no AMX, oneDNN's bf16 GEMM ran a prompt chunk 1.6-1.7x slower than its float32
+one (`dense_gemm_probe`). So the choice of formats rests on three facts: whether the CPU has a
+bf16 GEMM path, whether that path beats float32's here, and whether a packed int matmul beats a
+dense one here; the last two we time.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +48,61 @@ def cpu_caps() -> CpuCaps:
         avx512_bf16=bool(torch.cpu._is_avx512_bf16_supported()),
         amx=bool(torch.cpu._is_amx_tile_supported()),
     )
+
+
+# The dense GEMM the bf16-or-float32 probe times: a 256-row prompt chunk through a 1024-wide
+# layer. Prefill is where the fast mode runs the dense GEMM (decode passes run the int kernels);
+# one thread, like every probe here. Measured fp32 / bf16 speed on a Xeon with AVX512-BF16 and
+# no AMX, 1 thread: 1.59 at 128 rows, 1.66 at 256, 1.70 at 512 (1.74 on SmolLM2's 1536 x 576).
+PROBE_ROWS, PROBE_WIDTH = 256, 1024
+# bf16 gives way to float32 only where float32's GEMM is at least this much faster: near a tie
+# the CPU's bf16 instructions decide, so a noisy probe does not flip the mode (and with it the
+# numerics) from one start to the next. AMX runs bf16 several times faster than float32.
+FLOAT32_MARGIN = 1.25
+
+
+@dataclass(frozen=True)
+class GemmProbe:
+    """One thread's best time for the probe's dense GEMM in bf16 (oneDNN's prepacked layout,
+    as the runner runs it) and in float32, in ms."""
+
+    bf16_ms: float
+    float32_ms: float
+
+    @property
+    def float32_wins(self) -> bool:
+        """float32's GEMM beats bf16's here by FLOAT32_MARGIN or more."""
+        return self.bf16_ms >= FLOAT32_MARGIN * self.float32_ms
+
+    def describe(self) -> str:
+        """`bf16 GEMM 1.66x float32's time here (6.6 vs 4.0 ms, 256-row probe)`."""
+        return (
+            f"bf16 GEMM {self.bf16_ms / self.float32_ms:.2f}x float32's time here "
+            f"({self.bf16_ms:.1f} vs {self.float32_ms:.1f} ms, {PROBE_ROWS}-row probe)"
+        )
+
+
+@functools.cache
+def dense_gemm_probe() -> GemmProbe | None:
+    """Times the dense GEMM in bf16 against float32 on this CPU, once per process (never kept
+    on disk: the next process may run on another CPU); None where bf16 cannot be prepacked."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(PROBE_ROWS, PROBE_WIDTH, generator=generator)
+    weight = torch.randn(PROBE_WIDTH, PROBE_WIDTH, generator=generator) * 0.02
+    packed = onednn.prepack(weight.to(torch.bfloat16))
+    if packed is None:
+        return None
+    xb = x.to(torch.bfloat16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ms = _best_of_each(
+            {"bf16": lambda: onednn.linear(xb, packed), "float32": lambda: F.linear(x, weight)},
+            repeats=5,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    return GemmProbe(ms["bf16"], ms["float32"])
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from sgl_lite.backend.runner.weights.cpu import CpuCaps
+from sgl_lite.backend.runner.weights.cpu import CpuCaps, dense_gemm_probe
 
 logger = logging.getLogger("sgl_lite")
 
@@ -105,8 +105,16 @@ class WeightFormat:
         )
 
 
-def resolve_dense_dtype(dtype: str, device: str, caps: CpuCaps | None) -> tuple[torch.dtype, str]:
-    """`dtype` (auto|float32|bfloat16|float16) → torch dtype and the reason."""
+def resolve_dense_dtype(
+    dtype: str, device: str, caps: CpuCaps | None, prefill_only: bool = False
+) -> tuple[torch.dtype, str]:
+    """`dtype` (auto|float32|bfloat16|float16) → torch dtype and the reason. `auto` is bf16 on
+    CUDA and on a CPU with bf16 GEMM instructions, float32 on any other CPU; but where the dense
+    GEMM serves only prompt chunks and wide batches (`prefill_only`: decode runs int kernels),
+    float32 wherever its GEMM measured faster than bf16's here (`cpu.dense_gemm_probe`).
+    Dense-only weights keep bf16 there: their decode streams every weight, and bf16 halves
+    the bytes (SmolLM2 without int kernels on a Xeon with AVX512-BF16 and no AMX, 2 threads:
+    a 1-row step 38-43 ms in bf16, 43-53 in float32; 8 rows 60-65 vs 89-98)."""
     if dtype != "auto":
         if dtype not in DTYPE_CHOICES:
             raise ValueError(
@@ -126,6 +134,9 @@ def resolve_dense_dtype(dtype: str, device: str, caps: CpuCaps | None) -> tuple[
     if device.startswith("cuda"):
         return torch.bfloat16, "CUDA"
     if caps is not None and caps.fast_bf16:
+        probe = dense_gemm_probe() if prefill_only else None
+        if probe is not None and probe.float32_wins:
+            return torch.float32, f"CPU {caps.describe()}; {probe.describe()}"
         return torch.bfloat16, f"CPU {caps.describe()}"
     return torch.float32, f"CPU {caps.describe() if caps else device}"
 
@@ -138,6 +149,7 @@ def resolve_format(
     caps: CpuCaps | None,
     file_kind: str | None,
     deterministic: bool = False,
+    dense_copy: bool = True,
 ) -> WeightFormat:
     """Resolves the user's `dtype`, `quantization` and mode for this model and machine.
 
@@ -145,6 +157,7 @@ def resolve_format(
     GGUF of Q4_x layers), or None for a float checkpoint; `auto` never quantizes coarser than
     the file. The runner then packs, checks and times the kernels (`cpu.rows_invariant`,
     `kernels.choose_kernel`) and, for `auto`, keeps them only where they win (`dense_only`).
+    `dense_copy` is False where every pass will run the file's codes (no dense GEMM to time).
     Raises ValueError for a request that cannot run here, naming what to change.
     """
     if quantization not in QUANTIZATION_CHOICES:
@@ -187,6 +200,8 @@ def resolve_format(
         return WeightFormat(
             dense, kind, f"{source}; {dense_reason}", EXACT_ATTN_DTYPE, deterministic=True
         )
+    if dtype == "auto" and dense_copy:  # the dense GEMM serves long passes only
+        dense, dense_reason = resolve_dense_dtype(dtype, device, caps, prefill_only=True)
     return WeightFormat(dense, kind, f"{source}; {dense_reason}", int_max_rows=FAST_INT_MAX_ROWS)
 
 

@@ -78,6 +78,7 @@ ROPE_PERMUTED = ("llama", "granite")
 # factors: read into the config when it is converted, `model_loader`).
 _IGNORED = ("rope_freqs", "rope_factors_long", "rope_factors_short")
 _F32, _F16, _BF16 = 0, 1, 30  # ggml type ids of the plain float tensors
+FLOAT_TYPE_IDS = frozenset((_F32, _F16, _BF16))
 
 
 def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
