@@ -322,11 +322,11 @@ def _shapes(shapes: dict) -> list[str]:
         "batch-1 decode counts the decode steps alone on both sides, the prompt's pass apart, as "
         "llama-cpp-python's `eval` loop does; the first load writes the config (from our parse "
         "of the header) and the tokenizer: 0.2-0.6 s more than a later load. Where "
-        "its decode trails, onnxruntime's profile puts ~94 % of the step in `MatMulNBits` (the "
-        "4-bit q/k/v projection keeps float32 activations for accuracy: ~6 ms of a Q4_0 1B "
-        "step, ~4 ms more than with int8 ones); its prefill trails where the int8-activation "
-        "GEMM at 512 rows is slower than a dense bf16 one (`SGL_LITE_DENSE_LINEARS=1` keeps a "
-        "dense copy for it, at ~2 bytes a weight).",
+        "its decode trails, onnxruntime's profile puts ~94 % of the step in `MatMulNBits` (in "
+        "that run the 4-bit q/k/v projection took float32 activations: ~6 ms of a Q4_0 1B "
+        "step, ~4 ms more than the int8 ones it takes since); its prefill trails where the "
+        "int8-activation GEMM at 512 rows is slower than a dense bf16 one "
+        "(`SGL_LITE_DENSE_LINEARS=1` keeps a dense copy for it, at ~2 bytes a weight).",
         "",
     ]
 

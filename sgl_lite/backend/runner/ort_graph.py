@@ -111,8 +111,7 @@ class Graph:
     def linear(self, w: GroupAffine, x: str, hint: str, bias: torch.Tensor | None = None) -> str:
         """x (T, K) @ w^T (+ bias) on MatMulNBits → (T, N)."""
         y = self.name(hint)
-        accuracy = ort_nbits.accuracy_level(w.bits, hint)
-        nodes, consts = ort_nbits.linear_nodes(w, x, y, f"{y}.", accuracy)
+        nodes, consts = ort_nbits.linear_nodes(w, x, y, f"{y}.", ort_nbits.ACCURACY)
         self.nodes += nodes
         self.consts.update(consts)
         if bias is None:

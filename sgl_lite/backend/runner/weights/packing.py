@@ -89,14 +89,12 @@ def _pack_one(
     affine: GroupAffine | None,
     kernel: str,
     threads: int,
-    role: str,
 ) -> PackedWeight:
-    """`weight` packed for `kind` on `kernel`; from the file's codes `affine` when given.
-    `role` ("qkv", "o", "gate_up", "down", "head") sets onnxruntime's accuracy level."""
+    """`weight` packed for `kind` on `kernel`; from the file's codes `affine` when given."""
     if kernel == "onnxruntime":
         if affine is None:
             affine = affine_int4(weight) if kind == "int4" else _affine_int8(weight)
-        return ort_nbits.OrtNBitsWeight.from_affine(affine, threads, role)
+        return ort_nbits.OrtNBitsWeight.from_affine(affine, threads)
     if kind == "int8":
         return Int8Weight.from_float(weight)
     return Int4Weight.from_affine(affine if affine is not None else affine_int4(weight))
@@ -319,8 +317,7 @@ def pack_model(
             affine = None
             if exact:
                 affine = codes[f"{i}.{name}"] if codes else _file_codes(quantized, i, name, bits)
-            role = name.rpartition(".")[2].removesuffix("_proj")  # as the graph names them
-            packed = _pack_one(linear.weight.detach(), kind, affine, kernel, threads, role)
+            packed = _pack_one(linear.weight.detach(), kind, affine, kernel, threads)
         linears.append((linear, packed))
         packed_bytes += _nbytes(packed)
         dense_bytes += linear.weight.numel() * 4  # float32 until the model is cast
@@ -334,7 +331,7 @@ def pack_model(
         head = reuse.head
     elif head_kernel is not None:
         file_codes = head_codes if head_codes is not None and head_codes.bits == 8 else None
-        head = _pack_one(source.detach(), "int8", file_codes, head_kernel, threads, "head")
+        head = _pack_one(source.detach(), "int8", file_codes, head_kernel, threads)
     if head is not None:
         packed_bytes += _nbytes(head)
     report = PackReport(
