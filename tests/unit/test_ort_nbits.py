@@ -166,3 +166,44 @@ def test_a_dead_loads_scratch_folder_is_swept_and_a_live_ones_kept(monkeypatch, 
     monkeypatch.setenv("SGL_LITE_CACHE", str(tmp_path))
     ort_nbits.OrtNBitsWeight.from_affine(_q4_1(64, 256, seed=5), threads=1)
     assert not dead.exists() and live.exists()
+
+
+def _q6_k_like(rows: int, cols: int, seed: int) -> GroupAffine:
+    """8-bit codes in blocks of 16, as the loader holds Q6_K (`gguf_blocks`)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(-32, 32, (rows, cols), generator=gen, dtype=torch.int8)
+    scale = torch.rand(rows, cols // 16, generator=gen) * 0.01 + 0.001
+    return GroupAffine(q, scale, torch.zeros_like(scale), bits=8, group=16)
+
+
+def test_a_linear_fused_from_parts_of_two_formats_runs_each_format_on_its_own_kernel():
+    """Q4_K_M's q/k/v: 4-bit q and k beside an 8-bit v (Q6_K). Fused, the matrix is held as
+    8-bit codes in blocks of 16 (exact, for the kernels that take one matrix); the graph runs
+    q and k on their own 4-bit codes and v on its 8-bit ones, and the product is the fused
+    matrix's, in fewer bytes than the widened whole's."""
+    from sgl_lite.backend.runner.ort_graph import Graph
+    from sgl_lite.backend.runner.weights import onnx_proto
+
+    q, k, v = _q4_1(32, 64, seed=1), _q4_1(16, 64, seed=2), _q6_k_like(16, 64, seed=3)
+    fused = GroupAffine.cat([q, k, v])
+    assert (fused.bits, fused.group) == (8, 16) and fused.parts == (q, k, v)
+    runs = fused.format_runs()
+    assert [(r.bits, r.group, r.q.shape[0]) for r in runs] == [(4, GROUP, 48), (8, 16, 16)]
+    assert torch.equal(torch.cat([r.dequantize() for r in runs]), fused.dequantize())
+    assert GroupAffine.cat([q, k]).format_runs()[0].parts == ()  # one format: one run
+
+    graph = Graph()
+    y = graph.linear(fused, "x", "qkv")
+    codes = [a for name, a in graph.consts.items() if name.endswith(".B")]
+    assert sorted(a.nbytes for a in codes) == [16 * 64, 48 * 64 // 2]  # not 64 x 64 bytes
+    session = ort_nbits.make_session(
+        graph.nodes,
+        graph.consts,
+        [onnx_proto.value_info("x", onnx_proto.FLOAT, ["T", 64])],
+        [onnx_proto.value_info(y, onnx_proto.FLOAT, ["T", 64])],
+        threads=1,
+    )
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(7))
+    (got,) = session.run(None, {"x": x.numpy()})
+    want = x.double() @ fused.dequantize().double().t()
+    assert float((torch.from_numpy(got).double() - want).norm() / want.norm()) < TOLERANCE

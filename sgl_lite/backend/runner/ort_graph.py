@@ -109,11 +109,16 @@ class Graph:
         return self.const(np.array(value, dtype=np.float32), "s")
 
     def linear(self, w: GroupAffine, x: str, hint: str, bias: torch.Tensor | None = None) -> str:
-        """x (T, K) @ w^T (+ bias) on MatMulNBits → (T, N)."""
-        y = self.name(hint)
-        nodes, consts = ort_nbits.linear_nodes(w, x, y, f"{y}.", ort_nbits.ACCURACY)
-        self.nodes += nodes
-        self.consts.update(consts)
+        """x (T, K) @ w^T (+ bias) on MatMulNBits → (T, N); a matrix fused from parts of
+        different formats as one MatMulNBits per run of like parts, joined (`format_runs`)."""
+        pieces = []
+        for run in w.format_runs():
+            piece = self.name(hint)
+            nodes, consts = ort_nbits.linear_nodes(run, x, piece, f"{piece}.", ort_nbits.ACCURACY)
+            self.nodes += nodes
+            self.consts.update(consts)
+            pieces.append(piece)
+        y = pieces[0] if len(pieces) == 1 else self.op("Concat", pieces, axis=-1)
         if bias is None:
             return y
         return self.op("Add", [y, self.const(bias.detach().float().numpy(), "bias")])

@@ -37,6 +37,10 @@ class GroupAffine:
     offset: torch.Tensor  # (N, K // group) float32
     bits: int
     group: int = GROUP  # 32 for Q4_x/Q5_x/Q8_0 and the K formats' 32-wide sub-blocks; 16 for Q6_K
+    # Where `cat` widened parts of different formats into this matrix (Q4_K_M's q and k beside
+    # a Q6_K v), the parts as the file holds them: a kernel that takes each format runs each
+    # run of like parts (`format_runs`) on half the bytes the widened 8-bit codes take.
+    parts: tuple[GroupAffine, ...] = ()
 
     def dequantize(self) -> torch.Tensor:
         """The float32 matrix (N, K) the codes stand for."""
@@ -96,14 +100,29 @@ class GroupAffine:
         exactly. Parts that are consecutive row slices of one matrix (`row_slice`: the GGUF
         reader decodes a fused linear's parts together) are joined without a copy."""
         bits, group = GroupAffine.fused_format(parts)
-        parts = [p if (p.bits, p.group) == (bits, group) else p.widened(bits, group) for p in parts]
+        mixed = any((p.bits, p.group) != (bits, group) for p in parts)
+        wide = [p if (p.bits, p.group) == (bits, group) else p.widened(bits, group) for p in parts]
         return GroupAffine(
-            _join_rows([p.q for p in parts]),
-            _join_rows([p.scale for p in parts]),
-            _join_rows([p.offset for p in parts]),
+            _join_rows([p.q for p in wide]),
+            _join_rows([p.scale for p in wide]),
+            _join_rows([p.offset for p in wide]),
             bits,
             group,
+            tuple(parts) if mixed else (),
         )
+
+    def format_runs(self) -> list[GroupAffine]:
+        """This matrix as runs of consecutive rows in one format each, stacked in order: the
+        parts it was fused from, like neighbours joined (itself where it has one format)."""
+        if not self.parts:
+            return [self]
+        runs: list[list[GroupAffine]] = []
+        for part in self.parts:
+            if runs and (runs[-1][0].bits, runs[-1][0].group) == (part.bits, part.group):
+                runs[-1].append(part)
+            else:
+                runs.append([part])
+        return [run[0] if len(run) == 1 else GroupAffine.cat(run) for run in runs]
 
 
 def _join_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
