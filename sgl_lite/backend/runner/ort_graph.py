@@ -114,7 +114,7 @@ class Graph:
         pieces = []
         for run in w.format_runs():
             piece = self.name(hint)
-            nodes, consts = ort_nbits.linear_nodes(run, x, piece, f"{piece}.", ort_nbits.ACCURACY)
+            nodes, consts = ort_nbits.linear_nodes(run, x, piece, f"{piece}.")
             self.nodes += nodes
             self.consts.update(consts)
             pieces.append(piece)

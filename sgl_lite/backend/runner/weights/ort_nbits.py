@@ -115,12 +115,12 @@ def _pack_zero_points(zero: np.ndarray, bits: int) -> np.ndarray:
 
 
 def linear_nodes(
-    w: GroupAffine, x: str, y: str, prefix: str = "", accuracy: int = ACCURACY_INT8
+    w: GroupAffine, x: str, y: str, prefix: str = ""
 ) -> tuple[list[bytes], dict[str, np.ndarray]]:
     """The nodes and constants (by name) computing y = x @ w^T for matrix `w` on `MatMulNBits`
     (plus the remainder product, where the file's minimum is not an integer zero point),
-    x (T, K) float32 → y (T, N); every name but `x` and `y` starts with `prefix`. `accuracy`
-    is the kernel's `accuracy_level` (4: int8 activations; 0: float32, much slower)."""
+    x (T, K) float32 → y (T, N); every name but `x` and `y` starts with `prefix`. The kernel
+    runs at `ACCURACY`, read at each call."""
     n, k = w.q.shape
     blocks, bits = k // w.group, w.bits
     scale = np.asarray(w.scale.numpy(), dtype=np.float32)
@@ -153,7 +153,7 @@ def linear_nodes(
         N=n,
         bits=bits,
         block_size=w.group,
-        accuracy_level=accuracy,
+        accuracy_level=ACCURACY,
     )
     nodes = [matmul]
     if not exact:
@@ -336,7 +336,7 @@ class OrtNBitsWeight:
         n, k = w.q.shape
         if k % w.group:
             raise ValueError(f"in_features={k} is not a multiple of {w.group}")
-        nodes, consts = linear_nodes(w, "A", "Y", accuracy=ACCURACY)
+        nodes, consts = linear_nodes(w, "A", "Y")
         session = make_session(
             nodes,
             consts,

@@ -13,6 +13,7 @@ Both kernels are vectorised only for bf16 activations and return bf16.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Protocol
 
 import torch
@@ -116,13 +117,8 @@ class GroupAffine:
         parts it was fused from, like neighbours joined (itself where it has one format)."""
         if not self.parts:
             return [self]
-        runs: list[list[GroupAffine]] = []
-        for part in self.parts:
-            if runs and (runs[-1][0].bits, runs[-1][0].group) == (part.bits, part.group):
-                runs[-1].append(part)
-            else:
-                runs.append([part])
-        return [run[0] if len(run) == 1 else GroupAffine.cat(run) for run in runs]
+        runs = groupby(self.parts, key=lambda part: (part.bits, part.group))
+        return [GroupAffine.cat(list(run)) for _, run in runs]
 
 
 def _join_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
