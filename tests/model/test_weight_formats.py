@@ -52,6 +52,18 @@ def test_int4_kernel_multiplies_by_its_kernel_matrix_and_stays_near_the_file():
     assert (matrix - affine.dequantize()).abs().max() <= step * 8 / 128
 
 
+@pytest.mark.parametrize("rows", [16, 592, 1040])  # one 16-row tail, past one and four chunks
+def test_int4_packing_in_row_chunks_gives_the_whole_matrixs_bytes(rows):
+    """Int4Weight packs 256 rows at a time (quant._PACK_ROWS); the kernel's layout is row-blocked,
+    so the bytes equal one call's over the whole matrix, whatever tail the rows leave."""
+    codes = torch.randint(0, 16, (rows, 96), generator=torch.Generator().manual_seed(rows))
+    affine = quant.GroupAffine(
+        codes.to(torch.uint8), torch.rand(rows, 3) + 0.01, torch.randn(rows, 3), 4, quant.GROUP
+    )
+    whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    assert torch.equal(quant.Int4Weight.from_affine(affine).packed, whole)
+
+
 def test_int8_weight_is_per_row_round_to_nearest():
     torch.manual_seed(0)
     weight = torch.randn(32, 64)
