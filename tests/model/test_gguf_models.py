@@ -488,12 +488,12 @@ def test_without_dense_linears_a_greedy_request_sent_again_repeats(
     assert first == again == batched
 
 
-@pytest.mark.parametrize(("dtype", "rows"), [("float32", 16), ("bfloat16", 8)])
+@pytest.mark.parametrize(("dtype", "rows"), [("float32", 32), ("bfloat16", 8)])
 def test_beside_float32_dense_weights_the_graph_takes_every_decode_batch_in_groups(
     tmp_path, tiny_tokenizer, monkeypatch, dtype, rows
 ):
     """Beside float32 dense weights (a CPU without a bf16 GEMM) the onnxruntime graph takes
-    decode batches of up to 16 rows in one run and larger ones in groups of that many, where the
+    decode batches of up to 32 rows in one run and larger ones in groups of that many, where the
     torch step's float32 linears lose to it; the groups' logits are the torch step's. Beside
     bf16 weights (oneDNN's GEMM) it takes up to 8, and a larger batch runs the torch step."""
     from sgl_lite.backend.runner.weights import codes_plan

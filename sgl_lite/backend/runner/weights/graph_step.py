@@ -38,8 +38,14 @@ ORT_STEP_MAX_ROWS = 16
 # vs 40.8. The whole W4 16-prompt run (bench/sgl_engine.py w4, same machine, three pairs
 # interleaved) decides the tie: 16 rows on torch 268 / 284 / 271 tok/s, on the graph 243 / 221
 # / 226. Beside float32 dense weights (a CPU without a bf16 GEMM) the torch step's wider
-# passes read 4 bytes a weight and the graph takes ORT_STEP_MAX_ROWS (`graph_beside`).
+# passes read 4 bytes a weight and the graph takes more (`graph_beside`).
 ORT_STEP_BESIDE_DENSE_MAX_ROWS = 8
+# Beside float32 dense weights, the rows of one graph run; larger decode batches run in groups
+# of this many. Twice ORT_STEP_MAX_ROWS: where the codes are the only weights (a 1B model, every
+# pass on the graph) a run's rows already keep the cores busy (Llama-1B Q4_K_M, 32 rows: 442 ms
+# in one run, 430 in two of 16), but a small model's run is short enough that what each run
+# pays once (streaming every weight, ~850 ops' dispatch) shows (`graph_beside`).
+ORT_STEP_BESIDE_FLOAT32_MAX_ROWS = 32
 
 
 def graph_beside(dense: torch.dtype) -> tuple[int, bool]:
@@ -51,10 +57,15 @@ def graph_beside(dense: torch.dtype) -> tuple[int, bool]:
     61.1 vs 106.4 ms, 32 rows 95.8 vs 166.5 ms; the whole W4 16-prompt run (two pairs
     interleaved in one process) 134 / 144 tok/s with 16 rows on the graph, 111 / 116 on torch;
     W1 unchanged (10.65 vs 10.79 s). So beside float32 weights larger decode batches run on
-    the graph too, in groups of this many rows (`OrtDecodeStep.decode_groups`).
+    the graph too, in groups (`OrtDecodeStep.decode_groups`) of up to
+    ORT_STEP_BESIDE_FLOAT32_MAX_ROWS: one run of 32 rows beats two of 16 (an AVX-512 Xeon
+    without AMX, same bench, one process; one run / groups of 16 / torch): 24 rows 82.8 /
+    93.9 / 108.5 ms, 32 rows 94.7 / 117.1 / 108.1, 64 rows (one run of 64) 198.5 / 279.7 /
+    215.4; and so does one request's chunk of 24 new tokens after 128 (77-80 ms on the graph,
+    117-119 on the float32 GEMM; 32 tokens 91-94 vs 92-110).
     """
     if dense is torch.float32:
-        return ORT_STEP_MAX_ROWS, True
+        return ORT_STEP_BESIDE_FLOAT32_MAX_ROWS, True
     return ORT_STEP_BESIDE_DENSE_MAX_ROWS, False
 
 
