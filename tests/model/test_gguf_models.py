@@ -393,9 +393,23 @@ def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
     """With the file's codes as the only copy, prefill chunks (one request at a time), mixed
     passes and decode rows in several groups all run on the onnxruntime graph, and compute
     the file's model: every logits row near the float32 dense reference's; also where the
-    copies' memory bound frees every lane after each run (each pass gathers afresh)."""
+    copies' memory bound frees every lane after each run (each pass gathers afresh). Prompt
+    chunks run in graph runs of up to 4 tokens here (`passes.GRAPH_RUN_TOKENS`), so each is
+    several runs whose rows are put back together."""
     from sgl_lite.backend.kvcache.kv_pool import KVPool
+    from sgl_lite.backend.runner import passes
+    from sgl_lite.backend.runner.ort_step import OrtDecodeStep
     from sgl_lite.backend.runner.weights import codes_plan
+
+    monkeypatch.setattr(passes, "GRAPH_RUN_TOKENS", 4)
+    runs: list[int] = []
+    real_run = OrtDecodeStep.run
+
+    def counted(self, segments, pool, kv):
+        runs.append(sum(len(s.token_ids) for s in segments))
+        return real_run(self, segments, pool, kv)
+
+    monkeypatch.setattr(OrtDecodeStep, "run", counted)
 
     if not lanes_kept:  # a pool of one byte: the lanes' budget is exceeded by any copy
         monkeypatch.setattr(KVPool, "nbytes", property(lambda self: 1))
@@ -424,6 +438,7 @@ def test_without_dense_linears_every_pass_runs_the_files_codes_on_the_graph(
         out = each.forward([p[1] for p in pairs])
         rows += [out.rows(i) for i in range(len(pairs))]
     assert len(got) == len(want) == 2 * len(prompts)
+    assert max(runs) <= 4 and max(len(p) for p in prompts) > 5  # the prompts were cut
     assert (sum(lane.nbytes for lane in runner.kv_lanes) > 0) == lanes_kept
     for ours, theirs in zip(got, want, strict=True):
         if theirs is None:  # a prefill that wanted no logits
