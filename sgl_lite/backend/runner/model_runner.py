@@ -69,13 +69,18 @@ class ModelRunner:
         self.context_length = context_length_of(self.hf_config, config.context_length)
         with torch.device("meta"):  # no random init: every weight is loaded below
             model = build_model(self.hf_config, self.context_length)  # RoPE tables on the CPU
-        quantized = read_file_codes(model_folder, self.hf_config, config, self.device)
-        plan = codes_only_linears(model, quantized, config)
+        codes = read_file_codes(model_folder, self.hf_config, config, self.device)
+        formats = codes.formats() if codes is not None else {}
+        plan = codes_only_linears(model, formats, config)
+        # Codes-only linears are decoded from the file one at a time as the graph takes them;
+        # where dense copies are kept, every code is decoded now (the copies and each kernel
+        # read them).
+        quantized = {} if codes is None else codes if plan.names else codes.materialize()
         # Linears with codes get their dense copy from them (fill_dense_from_codes, below).
         from_codes = dense_from_codes_names(model, quantized, plan.names)
         state = load_state_dict(model_folder, self.hf_config, skip={*plan.names, *from_codes})
         for name in [*plan.names, *from_codes]:  # a shape for the checks, no memory
-            state[name] = torch.empty(quantized[name].q.shape, device="meta")
+            state[name] = torch.empty(formats[name].q.shape, device="meta")
         try:
             model.load_hf_state_dict(state)
         except ModelLoadError as exc:  # it names the tensor; add the folder
@@ -92,7 +97,7 @@ class ModelRunner:
         if HEAD in plan.names and (source := gguf_source(model_folder)) is not None:
             model.embed_tokens = FileEmbedding(source, self.format.dense_dtype)
             pack_note += "; token table read from the file"
-        del quantized
+        del quantized, codes
         self.model = _placed(model, self.device, self.format.dense_dtype).eval()
         # Where every pass runs on the graph there are no dense linears, and a tied head's
         # prepacked table would be a second copy of the embeddings that nothing reads.

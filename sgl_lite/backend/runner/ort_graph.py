@@ -20,6 +20,7 @@ keeps the torch step, and `unsupported` says why.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any, cast
 
 import numpy as np
@@ -277,7 +278,7 @@ def _rope_caches(g: Graph, rope: Any) -> tuple[str, str]:
 
 def step_session(
     model: LlamaForCausalLM,
-    codes: dict[str, GroupAffine],
+    codes: MutableMapping[str, GroupAffine],
     head: GroupAffine,
     threads: int,
     consume: bool = False,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -89,7 +90,7 @@ class OrtDecodeStep:
     def build(
         cls,
         model: LlamaForCausalLM,
-        codes: dict[str, GroupAffine],
+        codes: MutableMapping[str, GroupAffine],
         head: GroupAffine,
         threads: int,
         max_rows: int,

@@ -10,6 +10,7 @@ explicit request that cannot run here raises.
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -20,7 +21,7 @@ from sgl_lite.backend.config import EngineConfig
 from sgl_lite.backend.runner.model_loader import ModelLoadError
 from sgl_lite.backend.runner.ort_step import OrtDecodeStep
 from sgl_lite.backend.runner.weights import ort_nbits
-from sgl_lite.backend.runner.weights.codes_plan import DENSE_LINEARS_ENV, CodesPlan
+from sgl_lite.backend.runner.weights.codes_plan import DENSE_LINEARS_ENV, CodesPlan, code_formats
 from sgl_lite.backend.runner.weights.cpu import CpuCaps, cpu_caps, rows_invariant, time_kernels
 from sgl_lite.backend.runner.weights.formats import (
     WeightFormat,
@@ -68,7 +69,7 @@ def prepare_weights(
     folder: Path,
     config: EngineConfig,
     device: torch.device,
-    quantized: dict[str, GroupAffine],
+    quantized: MutableMapping[str, GroupAffine],
     plan: CodesPlan | None = None,
 ) -> PreparedWeights:
     """Resolves the format for this file and machine, packs and installs the int kernels it
@@ -80,10 +81,11 @@ def prepare_weights(
     deterministic mode's guarantee)."""
     on_cpu = device.type == "cpu"
     caps = cpu_caps() if on_cpu else None
-    file_kind = packed_file_kind(model, quantized) if quantized else None
+    formats = code_formats(quantized)  # nothing decoded for these
+    file_kind = packed_file_kind(model, formats) if quantized else None
     kind = config.quantization if config.quantization in ("int4", "int8") else file_kind
     problem = shape_problem(model, kind) if kind and on_cpu else None
-    note = f"; the file's linears: {file_formats(model, quantized)}" if file_kind else ""
+    note = f"; the file's linears: {file_formats(model, formats)}" if file_kind else ""
     plan = plan or CodesPlan([], "")
     note += plan.note
     if problem and config.quantization == "auto":
@@ -135,7 +137,7 @@ def _wants_codes(model: LlamaForCausalLM, fmt: WeightFormat) -> bool:
 def _install_codes_only(
     model: LlamaForCausalLM,
     fmt: WeightFormat,
-    quantized: dict[str, GroupAffine],
+    quantized: MutableMapping[str, GroupAffine],
     threads: int,
     note: str,
 ) -> PreparedWeights:
@@ -172,7 +174,7 @@ def _install_codes_only(
     return PreparedWeights(replace(fmt, reason=fmt.reason + step_note), note)
 
 
-def _codes_problem(packed: PackedModel, codes: dict[str, GroupAffine]) -> str | None:
+def _codes_problem(packed: PackedModel, codes: MutableMapping[str, GroupAffine]) -> str | None:
     """Why the first packed linear's product parts from its codes' exact one, or None."""
     linear, weight = packed.linears[0]
     affine = next(iter(codes.values()))
@@ -188,7 +190,7 @@ def _codes_problem(packed: PackedModel, codes: dict[str, GroupAffine]) -> str | 
 def _install_deterministic(
     model: LlamaForCausalLM,
     fmt: WeightFormat,
-    quantized: dict[str, GroupAffine],
+    quantized: MutableMapping[str, GroupAffine],
     config: EngineConfig,
     note: str,
 ) -> tuple[WeightFormat, str]:
@@ -230,13 +232,13 @@ _CHOICES: dict[tuple[object, ...], KernelChoice] = {}
 def _install_fast(
     model: LlamaForCausalLM,
     fmt: WeightFormat,
-    quantized: dict[str, GroupAffine],
+    quantized: MutableMapping[str, GroupAffine],
     config: EngineConfig,
     caps: CpuCaps | None,
     threads: int,
     note: str,
     key: tuple[object, ...],
-    codes: tuple[dict[str, GroupAffine], GroupAffine] | None = None,
+    codes: tuple[MutableMapping[str, GroupAffine], GroupAffine] | None = None,
 ) -> tuple[WeightFormat, str]:
     """The fastest int kernel for the layers and, apart, for the head, on the passes where it
     beats the dense GEMM; the dense weights stay for the longer passes. `codes`: the fused
@@ -345,11 +347,11 @@ def _crossover(probe: PackedModel, dense: torch.dtype) -> int:
 def _probe(
     model: LlamaForCausalLM,
     kind: str,
-    quantized: dict[str, GroupAffine],
+    quantized: MutableMapping[str, GroupAffine],
     kernel: str,
     threads: int,
     probes: dict[str, PackedModel],
-    codes: dict[str, GroupAffine] | None = None,
+    codes: MutableMapping[str, GroupAffine] | None = None,
 ) -> str | None:
     """Packs each layer's widest linear for `kernel` and checks it against the dense product;
     adds it to `probes`, or returns why the kernel cannot be used."""

@@ -1,7 +1,8 @@
 """Which of a GGUF model's linears load as the file's codes alone, with no dense copy.
 
 Before the weights are read, `read_file_codes` gives the file's own quantized codes of each
-linear and `codes_only_linears` decides where a dense copy is not kept: in the fast mode on CPU,
+linear (decoded as they are read) and `codes_only_linears` decides, from their formats alone,
+where a dense copy is not kept: in the fast mode on CPU,
 when every decoder linear has codes onnxruntime's kernel takes and a dense copy would be larger
 than DENSE_COPY_BUDGET, the file's codes are the only copy (memory ≈ the file) and every pass
 runs on them.
@@ -10,6 +11,7 @@ runs on them.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -21,7 +23,7 @@ from sgl_lite.backend.runner.model_loader import gguf_source
 from sgl_lite.backend.runner.weights import ort_nbits
 from sgl_lite.backend.runner.weights.cpu import cpu_caps
 from sgl_lite.backend.runner.weights.formats import resolve_dense_dtype
-from sgl_lite.backend.runner.weights.gguf_tensors import read_quantized
+from sgl_lite.backend.runner.weights.gguf_tensors import FileCodes
 from sgl_lite.backend.runner.weights.packing import HEAD, shape_problem
 from sgl_lite.backend.runner.weights.packing import file_kind as packed_file_kind
 from sgl_lite.backend.runner.weights.quant import GroupAffine
@@ -40,13 +42,20 @@ DENSE_COPY_BUDGET = 512 << 20
 
 def read_file_codes(
     folder: Path, hf_config: PretrainedConfig, config: EngineConfig, device: torch.device
-) -> dict[str, GroupAffine]:
-    """The quantized codes of a GGUF model's linears by transformers name, where the int
-    kernels may run them (CPU; quantization auto or int4); empty otherwise."""
+) -> FileCodes | None:
+    """The quantized codes of a GGUF model's linears by transformers name, read from the file
+    as they are used, where the int kernels may run them (CPU; quantization auto or int4);
+    None otherwise."""
     source = gguf_source(folder) if config.quantization in ("auto", "int4") else None
     if source is None or device.type != "cpu":
-        return {}
-    return read_quantized(source, hf_config)
+        return None
+    return FileCodes(source, hf_config)
+
+
+def code_formats(codes: Mapping[str, GroupAffine]) -> Mapping[str, GroupAffine]:
+    """`codes` as shapes, widths and groups, for the plans that read no more: the file's
+    `FileCodes.formats` (nothing decoded), or codes already decoded as they are."""
+    return codes.formats() if isinstance(codes, FileCodes) else codes
 
 
 class CodesPlan(NamedTuple):
@@ -58,7 +67,7 @@ class CodesPlan(NamedTuple):
 
 
 def codes_only_linears(
-    model: LlamaForCausalLM, quantized: dict[str, GroupAffine], config: EngineConfig
+    model: LlamaForCausalLM, quantized: Mapping[str, GroupAffine], config: EngineConfig
 ) -> CodesPlan:
     """The decoder linears that need no dense copy: all of them when the fast mode can run
     each pass from the file's codes on onnxruntime's kernel (quantization auto, codes for every
@@ -89,7 +98,9 @@ def codes_only_linears(
     )
 
 
-def _codes_only_embedding(model: LlamaForCausalLM, quantized: dict[str, GroupAffine]) -> list[str]:
+def _codes_only_embedding(
+    model: LlamaForCausalLM, quantized: Mapping[str, GroupAffine]
+) -> list[str]:
     """[the token table's name] where it can stay codes (`weights.embedding`) beside codes-only
     linears: nothing else reads the dense table once the head runs from 8-bit codes of the
     file (the tied table's own, or an untied head's), else []."""

@@ -39,12 +39,15 @@ SUPER = 256  # QK_K: the weights in one k-quant super-block
 
 
 class BlockType(NamedTuple):
-    """A ggml block format: its name, weights and bytes per block, and its decoder."""
+    """A ggml block format: its name, weights and bytes per block, its decoder, and the width
+    and group of the codes it decodes to (the table above)."""
 
     name: str
     weights: int
     bytes: int
     decode: Callable[[np.ndarray], GroupAffine]  # (rows, blocks, bytes) → codes
+    bits: int
+    group: int
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -208,16 +211,16 @@ def _q2_k(b: np.ndarray) -> GroupAffine:
 
 # ggml type ids → the formats decoded here
 BLOCK_TYPES: dict[int, BlockType] = {
-    2: BlockType("Q4_0", 32, 18, _q4_0),
-    3: BlockType("Q4_1", 32, 20, _q4_1),
-    6: BlockType("Q5_0", 32, 22, _q5_0),
-    7: BlockType("Q5_1", 32, 24, _q5_1),
-    8: BlockType("Q8_0", 32, 34, _q8_0),
-    10: BlockType("Q2_K", SUPER, 84, _q2_k),
-    11: BlockType("Q3_K", SUPER, 110, _q3_k),
-    12: BlockType("Q4_K", SUPER, 144, _q4_k),
-    13: BlockType("Q5_K", SUPER, 176, _q5_k),
-    14: BlockType("Q6_K", SUPER, 210, _q6_k),
+    2: BlockType("Q4_0", 32, 18, _q4_0, bits=4, group=32),
+    3: BlockType("Q4_1", 32, 20, _q4_1, bits=4, group=32),
+    6: BlockType("Q5_0", 32, 22, _q5_0, bits=8, group=32),
+    7: BlockType("Q5_1", 32, 24, _q5_1, bits=8, group=32),
+    8: BlockType("Q8_0", 32, 34, _q8_0, bits=8, group=32),
+    10: BlockType("Q2_K", SUPER, 84, _q2_k, bits=8, group=16),
+    11: BlockType("Q3_K", SUPER, 110, _q3_k, bits=8, group=16),
+    12: BlockType("Q4_K", SUPER, 144, _q4_k, bits=4, group=32),
+    13: BlockType("Q5_K", SUPER, 176, _q5_k, bits=8, group=32),
+    14: BlockType("Q6_K", SUPER, 210, _q6_k, bits=8, group=16),
 }
 
 

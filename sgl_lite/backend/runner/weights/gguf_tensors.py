@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-from collections.abc import Container
+from collections.abc import Container, Iterator, MutableMapping
 from pathlib import Path
 
 import numpy as np
@@ -216,29 +216,103 @@ def read_tensor(path: Path, gguf_name: str) -> torch.Tensor | None:
 
 def read_quantized(path: Path, config: PretrainedConfig) -> dict[str, GroupAffine]:
     """Every linear weight of the file in a block format with an exact integer form
-    (`gguf_blocks`: Q4_0/1, Q5_0/1, Q8_0 and the K formats), by transformers parameter name.
+    (`gguf_blocks`: Q4_0/1, Q5_0/1, Q8_0 and the K formats), by transformers parameter name,
+    all decoded now (`FileCodes` decodes each when it is read)."""
+    return FileCodes(path, config).materialize()
+
+
+class FileCodes(MutableMapping[str, GroupAffine]):
+    """The file's quantized linears by transformers name (as `read_quantized`), decoded from
+    the mapped file each time one is read, so a load that packs them one linear at a time
+    never holds every code at once (a 1B Q4_K_M model's codes, decoded to a byte each: 1.5 GB
+    beside its 0.7 GB file). The parts of one fused linear (q/k/v, gate/up) decode together,
+    and the last such group is kept, so reading its parts in turn decodes it once. Deleting a
+    name forgets it (nothing is held for it); `formats` gives each linear's shape, width and
+    groups without decoding.
 
     q/k rows are un-permuted for the files whose q/k rows llama.cpp permutes (`ROPE_PERMUTED`:
     "llama", which holds Mistral too, and "granite"; not Qwen, Phi-3, Gemma or OLMo 2). Phi-3's
     fused q/k/v and gate/up come as the fused linears' codes.
     """
-    header = read_header(path)
-    with open(path, "rb") as file:
-        data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    # The parts of each fused linear (q/k/v, gate/up) by "<layer>.<fused name>", the rest alone
-    groups: dict[str, list[tuple[str, TensorInfo]]] = {}
-    for info in header.tensors:
-        hf = hf_name(info.name, header.architecture)
-        if hf is not None and info.type_id in gguf_blocks.BLOCK_TYPES:
-            groups.setdefault(_fused_key(hf), []).append((hf, info))
-    out: dict[str, GroupAffine] = {}
-    for members in groups.values():
+
+    def __init__(self, path: Path, config: PretrainedConfig) -> None:
+        self._header = header = read_header(path)
+        self._config = config
+        with open(path, "rb") as file:
+            self._data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        # The parts of each fused linear (q/k/v, gate/up) by "<layer>.<fused name>", the rest
+        # alone; each name's group
+        self._groups: dict[str, list[tuple[str, TensorInfo]]] = {}
+        self._group_of: dict[str, str] = {}
+        for info in header.tensors:
+            hf = hf_name(info.name, header.architecture)
+            if hf is not None and info.type_id in gguf_blocks.BLOCK_TYPES:
+                key = _fused_key(hf)
+                self._groups.setdefault(key, []).append((hf, info))
+                self._group_of[hf] = key
+        self._last: tuple[str, dict[str, GroupAffine]] | None = None
+
+    def __getitem__(self, name: str) -> GroupAffine:
+        key = self._group_of[name]  # KeyError for a name the file lacks or was deleted
+        if self._last is None or self._last[0] != key:
+            self._last = None  # the previous group's codes go before the next's are made
+            self._last = (key, self._decode(self._groups[key]))
+        return self._last[1][name]
+
+    def __setitem__(self, name: str, value: GroupAffine) -> None:
+        raise TypeError("a file's codes are read from the file; they cannot be replaced")
+
+    def __delitem__(self, name: str) -> None:
+        key = self._group_of.pop(name)
+        if self._last is not None and self._last[0] == key:
+            self._last = None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._group_of  # Mapping's own would decode the codes to say so
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._group_of))
+
+    def __len__(self) -> int:
+        return len(self._group_of)
+
+    def materialize(self) -> dict[str, GroupAffine]:
+        """Every linear's codes, decoded now, each group once (its parts as row views of one
+        matrix, so fusing them later copies nothing)."""
+        out: dict[str, GroupAffine] = {}
+        for key in dict.fromkeys(self._group_of.values()):
+            decoded = self._decode(self._groups[key])
+            out.update((name, codes) for name, codes in decoded.items() if name in self)
+        return out
+
+    def formats(self) -> dict[str, GroupAffine]:
+        """Each linear's codes as shapes alone (tensors on the meta device), with the bits and
+        groups they decode to: what the loader's plans read, without decoding anything."""
+        out = {}
+        for name, key in self._group_of.items():
+            info = next(i for hf, i in self._groups[key] if hf == name)
+            kind = gguf_blocks.BLOCK_TYPES[info.type_id]
+            rows, cols = _rows(info), info.dims[0]
+            code_dtype = torch.uint8 if kind.bits == 4 else torch.int8
+            out[name] = GroupAffine(
+                torch.empty(rows, cols, dtype=code_dtype, device="meta"),
+                torch.empty(rows, cols // kind.group, device="meta"),
+                torch.empty(rows, cols // kind.group, device="meta"),
+                bits=kind.bits,
+                group=kind.group,
+            )
+        return out
+
+    def _decode(self, members: list[tuple[str, TensorInfo]]) -> dict[str, GroupAffine]:
+        """One group's codes: together where its parts share a block format and row width,
+        else (Q4_K_M's Q6_K v beside Q4_K q, k) one by one."""
+        data, header, config = self._data, self._header, self._config
         if len({(i.type_id, tensor_bytes(i) // _rows(i)) for _, i in members}) == 1:
-            out.update(_decode_together(data, header, config, members))
-        else:  # parts in different formats (Q4_K_M's Q6_K v beside Q4_K q, k): one by one
-            for member in members:
-                out.update(_decode_together(data, header, config, [member]))
-    return out
+            return _decode_together(data, header, config, members)
+        out: dict[str, GroupAffine] = {}
+        for member in members:
+            out.update(_decode_together(data, header, config, [member]))
+        return out
 
 
 def _fused_key(hf: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -81,9 +82,9 @@ def ort_step_blocker(model: LlamaForCausalLM) -> str | None:
 def build_decode_step(
     model: LlamaForCausalLM,
     kind: str,
-    quantized: dict[str, GroupAffine],
+    quantized: MutableMapping[str, GroupAffine],
     threads: int,
-    codes: tuple[dict[str, GroupAffine], GroupAffine] | None = None,
+    codes: tuple[MutableMapping[str, GroupAffine], GroupAffine] | None = None,
     consume: bool = False,
     max_rows: int = ORT_STEP_MAX_ROWS,
 ) -> tuple[OrtDecodeStep | None, str]:

@@ -12,6 +12,7 @@ the fast mode long passes still run them, so they stay.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,7 +111,7 @@ def _affine_int8(weight: torch.Tensor) -> GroupAffine:
     return GroupAffine(q.view(n, k), scale, torch.zeros_like(scale), bits=8)
 
 
-def _part_names(quantized: dict[str, GroupAffine], layer: int, name: str) -> list[str] | None:
+def _part_names(quantized: Mapping[str, GroupAffine], layer: int, name: str) -> list[str] | None:
     """The checkpoint names of fused linear `name`'s parts in `layer`, or None where the file
     lacks codes for any of them. A file that holds the linear fused already (Phi-3's q/k/v and
     gate/up) names it as its one part."""
@@ -121,7 +122,7 @@ def _part_names(quantized: dict[str, GroupAffine], layer: int, name: str) -> lis
 
 
 def _file_parts(
-    quantized: dict[str, GroupAffine], layer: int, name: str, bits: int | None
+    quantized: Mapping[str, GroupAffine], layer: int, name: str, bits: int | None
 ) -> list[GroupAffine] | None:
     """The file's own codes of fused linear `name`'s parts in `layer` (`bits` wide, or of any
     width for None), or None where the file lacks any of them."""
@@ -133,7 +134,7 @@ def _file_parts(
 
 
 def dense_from_codes_names(
-    model: Any, quantized: dict[str, GroupAffine], codes_only: list[str]
+    model: Any, quantized: Mapping[str, GroupAffine], codes_only: list[str]
 ) -> list[str]:
     """The checkpoint names of the decoder linears' parts whose dense weight
     `fill_dense_from_codes` builds from the file's codes, rather than the file being decoded a
@@ -148,7 +149,9 @@ def dense_from_codes_names(
     return names
 
 
-def fill_dense_from_codes(model: Any, quantized: dict[str, GroupAffine], names: list[str]) -> None:
+def fill_dense_from_codes(
+    model: Any, quantized: Mapping[str, GroupAffine], names: list[str]
+) -> None:
     """Gives each decoder linear whose parts are in `names` (loaded as meta placeholders) the
     float32 matrix of its fused codes: the values the file's dense read would give, bit for bit
     (the same codes, the same scale * q + offset), in one dequantization of the fused linear."""
@@ -162,7 +165,7 @@ def fill_dense_from_codes(model: Any, quantized: dict[str, GroupAffine], names: 
 
 
 def _file_codes(
-    quantized: dict[str, GroupAffine], layer: int, name: str, bits: int | None
+    quantized: Mapping[str, GroupAffine], layer: int, name: str, bits: int | None
 ) -> GroupAffine | None:
     """Fused linear `name` of `layer` from the file's own codes (`bits` wide, or whatever the
     file holds for None: parts of different formats widened to one, exactly), or None where
@@ -171,7 +174,7 @@ def _file_codes(
     return GroupAffine.cat(parts) if parts is not None else None
 
 
-def _file_formats(model: Any, quantized: dict[str, GroupAffine]) -> list[tuple[int, int] | None]:
+def _file_formats(model: Any, quantized: Mapping[str, GroupAffine]) -> list[tuple[int, int] | None]:
     """Per fused decoder linear, the (bits, group) its file codes take once fused
     (`GroupAffine.fused_format`), or None where it has none."""
     formats: list[tuple[int, int] | None] = []
@@ -181,7 +184,7 @@ def _file_formats(model: Any, quantized: dict[str, GroupAffine]) -> list[tuple[i
     return formats
 
 
-def file_kind(model: Any, quantized: dict[str, GroupAffine]) -> str | None:
+def file_kind(model: Any, quantized: Mapping[str, GroupAffine]) -> str | None:
     """The int kernel kind that holds every decoder linear of the file exactly: "int4" where
     each is 4-bit codes in groups of 32 (Q4_0, Q4_1, Q4_K), "int8" where each has integer codes
     of some width (Q5_x, Q6_K, Q8_0, and the mixed files llama.cpp writes: Q4_K_M is Q4_K
@@ -192,7 +195,7 @@ def file_kind(model: Any, quantized: dict[str, GroupAffine]) -> str | None:
     return "int4" if set(formats) == {(4, 32)} else "int8"
 
 
-def file_formats(model: Any, quantized: dict[str, GroupAffine]) -> str:
+def file_formats(model: Any, quantized: Mapping[str, GroupAffine]) -> str:
     """The decoder linears' codes in words, for the start-up line: "60 4-bit/32, 30 8-bit/16"."""
     counts: dict[tuple[int, int], int] = {}
     for fused in _file_formats(model, quantized):
@@ -201,32 +204,62 @@ def file_formats(model: Any, quantized: dict[str, GroupAffine]) -> str:
     return ", ".join(f"{n} {b}-bit/{g}" for (b, g), n in sorted(counts.items()))
 
 
-def exact_codes(
-    model: Any, kind: str, quantized: dict[str, GroupAffine], consume: bool = False
-) -> tuple[dict[str, GroupAffine], GroupAffine]:
-    """Block codes for onnxruntime's MatMulNBits: each decoder linear's by "<layer>.<linear>"
-    and the head's (8 bits), the file's own where it has them, else rounded from the float
-    weights at `kind`'s width (the rule `pack_model` follows for that kernel). `consume` takes
-    each part out of `quantized` once fused, so the parts and the fused copies never coexist
-    whole (a load's peak memory)."""
-    bits = {"int4": 4, "int8": 8}[kind]
-    codes = {}
-    for i, name, linear in _linears(model):
+class LinearCodes(MutableMapping[str, GroupAffine]):
+    """Each decoder linear's block codes by "<layer>.<linear>" (see `exact_codes`), made when
+    read: the file's own, its parts fused (of different formats: each exactly, in runs), or
+    rounded from the float weight at `bits` where the file has none. Deleting a linear (as
+    `pop` does) with `consume` takes its parts out of `quantized` too."""
+
+    def __init__(
+        self, model: Any, bits: int, quantized: MutableMapping[str, GroupAffine], consume: bool
+    ) -> None:
+        self._linears = {f"{i}.{name}": (i, name, linear) for i, name, linear in _linears(model)}
+        self._bits, self._quantized, self._consume = bits, quantized, consume
+
+    def __getitem__(self, key: str) -> GroupAffine:
+        i, name, linear = self._linears[key]
         # The file's codes as they are (4- or 8-bit, groups of 16 or 32: MatMulNBits takes
         # each), rounded from the float weights only where the file has none.
-        affine = _file_codes(quantized, i, name, None)
-        if consume:
-            for part in (name, *FUSED_PARTS[name]):
-                quantized.pop(f"model.layers.{i}.{part}.weight", None)
+        affine = _file_codes(self._quantized, i, name, None)
         if affine is None:
             weight = linear.weight.detach()
-            affine = affine_int4(weight) if bits == 4 else _affine_int8(weight)
-        codes[f"{i}.{name}"] = affine
+            affine = affine_int4(weight) if self._bits == 4 else _affine_int8(weight)
+        return affine
+
+    def __setitem__(self, key: str, value: GroupAffine) -> None:
+        raise TypeError("a linear's codes come from the file or its weight; not set")
+
+    def __delitem__(self, key: str) -> None:
+        i, name, _ = self._linears.pop(key)
+        if self._consume:
+            for part in (name, *FUSED_PARTS[name]):
+                self._quantized.pop(f"model.layers.{i}.{part}.weight", None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._linears  # Mapping's own would make the codes to say so
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._linears))
+
+    def __len__(self) -> int:
+        return len(self._linears)
+
+
+def exact_codes(
+    model: Any, kind: str, quantized: MutableMapping[str, GroupAffine], consume: bool = False
+) -> tuple[MutableMapping[str, GroupAffine], GroupAffine]:
+    """Block codes for onnxruntime's MatMulNBits: each decoder linear's by "<layer>.<linear>"
+    (`LinearCodes`) and the head's (8 bits), the file's own where it has them, else rounded
+    from the float weights at `kind`'s width (the rule `pack_model` follows for that kernel).
+    Without `consume` every linear's are made now. With it they are made as they are taken
+    (`pop`), each linear's parts then taken out of `quantized`: from a `FileCodes`, no more
+    than one linear's codes are ever decoded and fused at once (a load's peak memory)."""
+    codes = LinearCodes(model, {"int4": 4, "int8": 8}[kind], quantized, consume)
     source = model.embed_tokens.weight if model.tied else model.lm_head.weight
     head = quantized.get(HEAD if model.tied else "lm_head.weight")
     if head is None or head.bits != 8:
         head = _affine_int8(source.detach())
-    return codes, head
+    return (codes if consume else dict(codes)), head
 
 
 def drop_dense_linears(model: Any) -> None:
@@ -274,13 +307,13 @@ class PackedModel:
 def pack_model(
     model: Any,
     kind: str,
-    quantized: dict[str, GroupAffine],
+    quantized: Mapping[str, GroupAffine],
     kernel: str = "torch",
     threads: int = 1,
     widest_only: bool = False,
     head_kernel: str | None = "same",
     reuse: PackedModel | None = None,
-    codes: dict[str, GroupAffine] | None = None,
+    codes: MutableMapping[str, GroupAffine] | None = None,
 ) -> PackedModel:
     """Packs every decoder linear and the LM head for `kind` on `kernel` (see the module doc).
 
