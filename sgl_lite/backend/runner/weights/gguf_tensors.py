@@ -1,10 +1,11 @@
 """The tensors of a GGUF file, read from the memory-mapped file and named as in transformers.
 
-Two readers: `read_quantized` gives the linear weights in a block format with an exact integer
+Two readers: `FileCodes` gives the linear weights in a block format with an exact integer
 form (`gguf_blocks`: Q4_0/1, Q5_0/1, Q8_0, Q2_K to Q6_K) as codes, scales and offsets, never
-dequantized; `read_dense` gives every tensor the model needs as float32 (norms, biases,
-embeddings, and linears the caller does not take as codes), dequantized one tensor at a time so
-no float32 copy of the whole file ever exists. What llama.cpp's converter changed, both readers
+dequantized, each decoded when it is read (`read_quantized`: all of them at once);
+`read_dense` gives every tensor the model needs as float32 (norms, biases, embeddings, and
+linears the caller does not take as codes), dequantized one tensor at a time so no float32
+copy of the whole file ever exists. What llama.cpp's converter changed, both readers
 undo: it permutes the rows of the q/k projections of the families whose llama.cpp RoPE pairs
 adjacent dimensions (HF's pairs halves): Llama and Granite (its converter is Llama's), no other
 architecture's; and it stores every Gemma (1, 2, 3) RMSNorm weight as `1 + w` (read back
