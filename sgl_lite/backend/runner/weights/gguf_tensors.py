@@ -290,8 +290,9 @@ class FileCodes(MutableMapping[str, GroupAffine]):
         """Each linear's codes as shapes alone (tensors on the meta device), with the bits and
         groups they decode to: what the loader's plans read, without decoding anything."""
         out = {}
-        for name, key in self._group_of.items():
-            info = next(i for hf, i in self._groups[key] if hf == name)
+        for name, info in (m for members in self._groups.values() for m in members):
+            if name not in self:
+                continue
             kind = gguf_blocks.BLOCK_TYPES[info.type_id]
             rows, cols = _rows(info), info.dims[0]
             code_dtype = torch.uint8 if kind.bits == 4 else torch.int8
